@@ -1,0 +1,248 @@
+"""The command line (SPEC §10). It parses and calls; the library does the work and logs.
+
+Exit codes: 0 the job completed (for `check`: every verdict passed), 1 a submission was rejected, 2 bad input,
+3 infrastructure failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kbverify.errors import InfrastructureError, InputError, KbverifyError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="kbverify: is this kernel really correct, and really faster, and how sure are we?")
+hidden_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hidden-shape manifests.")
+app.add_typer(hidden_app, name="hidden")
+
+DEFAULT_P = "0,0.5,1,1.5,2"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def _resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise InputError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "auto":
+        return "cuda:0" if available else "cpu"
+    if not available:
+        raise InfrastructureError("a CUDA device was asked for, but none is available")
+    return device if ":" in device else "cuda:0"
+
+
+def _devices(device: str) -> list[str]:
+    if device == "cpu":
+        return ["cpu"]
+    import torch
+
+    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] or ["cpu"]
+
+
+def _parse_ps(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise InputError(f"--p takes comma-separated numbers, got {text!r}") from None
+
+
+def _hidden_dirs(given: Optional[Path]) -> tuple[Path, ...]:
+    if given is not None:
+        if not given.is_dir():
+            raise InputError(f"{given}: no such hidden-tests folder")
+        return (given,)
+    bundled = Path(__file__).resolve().parent.parent / "hidden_tests"
+    return (bundled,) if bundled.is_dir() else ()
+
+
+def _emit(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=None, default=str) + "\n")
+
+
+@app.command()
+def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folder of them"),
+          task: Path = typer.Option(..., "--task", help="the task file (KernelBench format)"),
+          protocol: str = typer.Option("verified", "--protocol", help="original, kbv, verified, a protocol file, or a list"),
+          device: str = typer.Option("auto", "--device"),
+          hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
+          only: Optional[str] = typer.Option(None, "--only", help="rerun just this input set (a set id or prefix)"),
+          min_speedup: Optional[float] = typer.Option(None, "--min-speedup"),
+          timeout: float = typer.Option(600.0, "--timeout", help="seconds per worker process"),
+          json_out: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+          verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Verify one submission (or a folder of them) against its task."""
+    _setup_logging(verbose)
+    from kbverify import present, runner
+    from kbverify.protocols import parse_protocols
+    from kbverify.submissions import load_submission
+    from kbverify.tasks import load_task
+
+    loaded_task = load_task(task)
+    protocols = parse_protocols(protocol)
+    paths = sorted(submission.glob("*.py")) if submission.is_dir() else [submission]
+    if not paths:
+        raise InputError(f"{submission}: no submission files")
+    submissions = [load_submission(path) for path in paths]
+    options = runner.CheckOptions(device=_resolve_device(device), hidden_dirs=_hidden_dirs(hidden_tests), only=only,
+                                  timeout_s=timeout)
+    rejected = False
+    for candidate in submissions:
+        verdicts = {p.name: runner.check(loaded_task, candidate, p, options) for p in protocols}
+        for verdict in verdicts.values():
+            reached = min_speedup is None or (verdict.speedup is not None and verdict.speedup >= min_speedup)
+            rejected |= not (verdict.correct and reached)
+        if json_out:
+            _emit({"task": loaded_task.name, "submission": candidate.id,
+                   "verdicts": {name: present.verdict_json(v) for name, v in verdicts.items()}})
+        else:
+            sys.stdout.write(present.render_check(loaded_task.name, candidate.id, list(verdicts.values())))
+    raise typer.Exit(1 if rejected else 0)
+
+
+@app.command()
+def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a CUDA-L1 JSONL, or a generic JSONL"),
+            format: str = typer.Option("auto", "--format"),
+            tasks: Optional[Path] = typer.Option(None, "--tasks", help="task folder for run folders"),
+            store: Path = typer.Option(Path("kbverify-store.sqlite"), "--store"),
+            protocol: str = typer.Option("original,verified", "--protocol"),
+            samples: str = typer.Option("first", "--samples"),
+            report_dir: Optional[Path] = typer.Option(None, "--report"),
+            device: str = typer.Option("auto", "--device"),
+            hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
+            timeout: float = typer.Option(900.0, "--timeout", help="seconds per worker process"),
+            limit: Optional[int] = typer.Option(None, "--limit", help="only the first N entries"),
+            allow_mixed: bool = typer.Option(False, "--allow-mixed"),
+            json_out: bool = typer.Option(False, "--json"),
+            verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Re-score a published run under several protocols; resumable through --store."""
+    _setup_logging(verbose)
+    from kbverify import jobs
+
+    summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
+                               samples=samples, report_dir=report_dir, device=_resolve_device(device),
+                               hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
+                               allow_mixed=allow_mixed, show_progress=not json_out)
+    if json_out:
+        _emit(summary)
+    else:
+        sys.stdout.write(summary["text"])
+
+
+@app.command()
+def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or KernelBench's eval_results.json"),
+          baseline: Optional[Path] = typer.Option(None, "--baseline", help="KernelBench baseline-time JSON"),
+          level: Optional[int] = typer.Option(None, "--level", help="level of a KernelBench eval_results.json"),
+          p: str = typer.Option(DEFAULT_P, "--p"),
+          exclude_degenerate: Optional[Path] = typer.Option(None, "--exclude-degenerate"),
+          samples: str = typer.Option("first", "--samples"),
+          json_out: bool = typer.Option(False, "--json")):
+    """fast_p from stored verdicts, a score JSONL, or KernelBench's own files."""
+    _setup_logging(False)
+    from kbverify import jobs
+
+    result = jobs.run_score(source, baseline=baseline, level=level, ps=_parse_ps(p),
+                            exclude_path=exclude_degenerate, samples=samples)
+    if json_out:
+        _emit(result["json"])
+    else:
+        sys.stdout.write(result["text"])
+
+
+@app.command()
+def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
+          protocol: str = typer.Option("original,kbv,verified", "--protocol"),
+          out: Optional[Path] = typer.Option(None, "--out", help="write OUT.json and OUT.md"),
+          device: str = typer.Option("auto", "--device"),
+          hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
+          json_out: bool = typer.Option(False, "--json"),
+          verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Find degenerate and trivially passable tasks."""
+    _setup_logging(verbose)
+    from kbverify import jobs
+
+    result = jobs.run_audit(tasks, protocols=protocol, out=out, device=_resolve_device(device),
+                            hidden_dirs=_hidden_dirs(hidden_tests))
+    if json_out:
+        _emit(result["json"])
+    else:
+        sys.stdout.write(result["text"])
+
+
+@hidden_app.command("generate")
+def hidden_generate(tasks: Path = typer.Argument(...), out: Path = typer.Option(..., "--out"),
+                    verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Generate and validate hidden-shape manifests for a task folder."""
+    _setup_logging(verbose)
+    from kbverify import hidden
+
+    summary = hidden.generate_command(tasks, out)
+    sys.stdout.write(json.dumps(summary, default=str) + "\n")
+
+
+@app.command()
+def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--out")):
+    """Write report.json, report.md and report.html from a store."""
+    _setup_logging(False)
+    from kbverify import jobs
+
+    paths = jobs.run_report(store, out)
+    sys.stdout.write("".join(f"{kind}: {path}\n" for kind, path in paths.items()))
+
+
+@app.command()
+def rejudge(store: Path = typer.Argument(...), protocol: str = typer.Option("verified", "--protocol"),
+            json_out: bool = typer.Option(False, "--json")):
+    """Recompute stored verdicts under another protocol's rules, without a GPU."""
+    _setup_logging(False)
+    from kbverify import jobs
+
+    result = jobs.run_rejudge(store, protocol)
+    if json_out:
+        _emit(result["json"])
+    else:
+        sys.stdout.write(result["text"])
+
+
+@app.command()
+def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
+         verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Re-score the bundled example run (honest kernels and cheats) on this machine and print both fast_p tables."""
+    _setup_logging(verbose)
+    from kbverify import jobs
+
+    sys.stdout.write(jobs.run_demo(out)["text"])
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except KbverifyError as error:
+        sys.stderr.write(f"kbverify: {error}\n")
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("kbverify: interrupted; finished work is in the store\n")
+        sys.exit(130)
+    except Exception as error:  # click usage errors and the like
+        import click
+
+        if isinstance(error, click.exceptions.ClickException):
+            sys.stderr.write(f"kbverify: {error.format_message()}\n")
+            sys.exit(2)
+        if isinstance(error, click.exceptions.Abort):
+            sys.exit(130)
+        raise

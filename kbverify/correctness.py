@@ -1,0 +1,175 @@
+"""Comparing outputs. Two halves: `summarize` (worker side, torch) reduces a comparison to raw numbers that are
+stored unrounded; `judge_set` (parent side, no torch) applies a protocol's rules to those numbers, so verdicts can
+be recomputed under another protocol without a GPU (`kbverify rejudge`).
+
+Verified rule (SPEC §2): element-wise |c − r| ≤ atol + rtol·|r| AND norm-wise ‖c − r‖/‖r‖ ≤ norm_rtol against the
+exact-fp32 reference. Because the verified baseline runs with TF32, a candidate exactly as accurate as that baseline
+must pass: where the baseline's own error is not negligible, the candidate may err up to `baseline_allowance` times
+the baseline's error, norm-wise and in the element-wise worst case. Zeros on a tiny-magnitude output have a
+norm-wise error of 1.0 and fail whatever the magnitudes.
+"""
+
+from __future__ import annotations
+
+import math
+
+TOLERANCE_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+_QUANTILE_SAMPLE = 1 << 20
+
+
+def flatten_outputs(output) -> list:
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [tensor for item in output for tensor in flatten_outputs(item)]
+    if isinstance(output, dict):
+        return [tensor for key in sorted(output) for tensor in flatten_outputs(output[key])]
+    if isinstance(output, (int, float, bool)):
+        return [torch.tensor(output)]
+    return [output]
+
+
+def summarize(reference, candidate) -> dict:
+    """Raw error numbers of `candidate` against `reference` (either may be a tuple of tensors)."""
+    refs, cands = flatten_outputs(reference), flatten_outputs(candidate)
+    if len(refs) != len(cands):
+        return {"structure_mismatch": f"{len(refs)} reference outputs, {len(cands)} candidate outputs"}
+    parts = [_summarize_tensor(r, c) for r, c in zip(refs, cands)]
+    return {"outputs": parts}
+
+
+def _summarize_tensor(ref, cand) -> dict:
+    import torch
+
+    if not isinstance(cand, torch.Tensor):
+        return {"type_mismatch": f"candidate returned {type(cand).__name__}"}
+    summary = {"ref_shape": list(ref.shape), "cand_shape": list(cand.shape),
+               "ref_dtype": str(ref.dtype), "cand_dtype": str(cand.dtype), "numel": ref.numel()}
+    if ref.shape != cand.shape:
+        return summary
+    r = ref.detach().to(torch.float64)
+    c = cand.detach().to(device=ref.device, dtype=torch.float64)
+    ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
+    # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
+    nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
+    summary["nonfinite_mismatch"] = int(((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)).sum())
+    summary["ref_nonfinite"] = int((~ref_finite).sum())
+    both = ref_finite & cand_finite
+    r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
+    diff = (c - r).abs()
+    magnitude = r.abs()
+    summary["ref_max_abs"] = float(magnitude.max()) if r.numel() else 0.0
+    summary["ref_norm"] = float(torch.linalg.vector_norm(r)) if r.numel() else 0.0
+    summary["diff_norm"] = float(torch.linalg.vector_norm(diff)) if r.numel() else 0.0
+    summary["max_abs_diff"] = float(diff.max()) if r.numel() else 0.0
+    summary["norm_rel"] = _norm_rel(summary["diff_norm"], summary["ref_norm"])
+    grid = {}
+    for tol in TOLERANCE_GRID:
+        ratio = diff / (tol + tol * magnitude)
+        entry = {"max_ratio": float(ratio.max()) if r.numel() else 0.0,
+                 "frac_over": float((ratio > 1).double().mean()) if r.numel() else 0.0}
+        entry["q999_ratio"] = _quantile(ratio, 0.999)
+        grid[repr(tol)] = entry
+    summary["grid"] = grid
+    if r.numel():
+        worst = int(diff.reshape(-1).argmax())
+        summary["worst"] = {"index": _unravel(worst, list(ref.shape)), "ref": float(r.reshape(-1)[worst]),
+                            "cand": float(c.reshape(-1)[worst])}
+    return summary
+
+
+def _norm_rel(diff_norm: float, ref_norm: float) -> float:
+    if ref_norm == 0.0:
+        return 0.0 if diff_norm == 0.0 else math.inf
+    return diff_norm / ref_norm
+
+
+def _quantile(values, q: float) -> float:
+    import torch
+
+    flat = values.reshape(-1)
+    if flat.numel() == 0:
+        return 0.0
+    if flat.numel() > _QUANTILE_SAMPLE:
+        step = flat.numel() // _QUANTILE_SAMPLE
+        flat = flat[::step]
+    return float(torch.quantile(flat.float(), q))
+
+
+def _unravel(index: int, shape: list[int]) -> list[int]:
+    coords = []
+    for size in reversed(shape):
+        coords.append(index % size if size else 0)
+        index //= size if size else 1
+    return list(reversed(coords))
+
+
+# ---- parent side: rules ------------------------------------------------------------------------------------
+
+def grid_key(tolerance: float) -> str:
+    nearest = min(TOLERANCE_GRID, key=lambda t: abs(math.log10(t) - math.log10(tolerance)))
+    return repr(nearest)
+
+
+def judge_set(comparison: dict, baseline: dict | None, protocol) -> tuple[str, str, bool]:
+    """Apply `protocol` to one set's summaries → (outcome, detail, allowance_used).
+
+    outcome: "passed", "incorrect" or "shape_mismatch". `baseline` is the TF32 baseline's summary against the
+    same exact reference (None on a CPU or where not computed).
+    """
+    if "structure_mismatch" in comparison:
+        return "shape_mismatch", comparison["structure_mismatch"], False
+    allowance_used = False
+    for index, part in enumerate(comparison["outputs"]):
+        where = f"output {index}: " if len(comparison["outputs"]) > 1 else ""
+        if "type_mismatch" in part:
+            return "incorrect", where + part["type_mismatch"], False
+        if part["ref_shape"] != part["cand_shape"]:
+            return "shape_mismatch", f"{where}expected shape {part['ref_shape']}, got {part['cand_shape']}", False
+        if protocol.rule == "verified" and part["ref_dtype"] != part["cand_dtype"]:
+            return "incorrect", f"{where}expected dtype {part['ref_dtype']}, got {part['cand_dtype']}", False
+        if part["nonfinite_mismatch"]:
+            return "incorrect", f"{where}{part['nonfinite_mismatch']} non-finite values differ from the reference", False
+        base_part = _baseline_part(baseline, index)
+        ok, detail, used = _judge_tensor(part, base_part, protocol)
+        allowance_used |= used
+        if not ok:
+            return "incorrect", where + detail, False
+    return "passed", "", allowance_used
+
+
+def _baseline_part(baseline: dict | None, index: int) -> dict | None:
+    if not baseline or "outputs" not in baseline or index >= len(baseline["outputs"]):
+        return None
+    part = baseline["outputs"][index]
+    return part if "grid" in part else None
+
+
+def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, bool]:
+    key = grid_key(protocol.atol)
+    element = part["grid"][key]["max_ratio"]
+    worst = part.get("worst", {})
+    element_ok = element <= 1.0
+    if protocol.rule != "verified":
+        detail = (f"max |c−r| exceeds {protocol.atol:g} + {protocol.rtol:g}·|r| by ×{element:.3g} "
+                  f"(ref {worst.get('ref')}, cand {worst.get('cand')} at {worst.get('index')})")
+        return element_ok, "" if element_ok else detail, False
+    norm = part["norm_rel"]
+    norm_ok = norm <= protocol.norm_rtol
+    if element_ok and norm_ok:
+        return True, "", False
+    if base is not None and protocol.baseline_allowance:
+        factor = protocol.baseline_allowance
+        base_element = base["grid"][key]["max_ratio"]
+        base_norm = base["norm_rel"]
+        within = element <= max(1.0, factor * base_element) and norm <= max(protocol.norm_rtol, factor * base_norm)
+        if within:
+            return True, "", True
+    detail = (f"norm-wise error {norm:.3g} (limit {protocol.norm_rtol:g}); element-wise worst ×{element:.3g} of "
+              f"{protocol.atol:g} + {protocol.rtol:g}·|r| (ref {worst.get('ref')}, cand {worst.get('cand')} at "
+              f"{worst.get('index')})")
+    if base is not None:
+        detail += f"; TF32 baseline: norm {base['norm_rel']:.3g}, element ×{base['grid'][key]['max_ratio']:.3g}"
+    return False, detail, False

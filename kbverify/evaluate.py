@@ -1,0 +1,265 @@
+"""The isolated correctness flow (kbv, verified): the candidate runs first, alone, on inputs it owns; a separate
+trusted judge process recomputes the same inputs, runs the reference and compares. The reference output never
+exists in the candidate's process, so reading freed memory, frames or `gc` finds nothing to copy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kbverify import guards
+from kbverify.correctness import flatten_outputs, summarize
+from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
+from kbverify.precision import set_tf32
+from kbverify.worker import (ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
+                             short_error, synchronize, task_from)
+
+POISON_NAN = float("nan")
+POISON_SENTINEL = 1234.5678
+
+
+# ---- shared by candidate and judge -------------------------------------------------------------------------
+
+def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
+    """Execute the task once per shape configuration (hidden shapes re-execute it with new literals)."""
+    from kbverify.hidden import rewrite_constants
+    from kbverify.tasks import execute_task, parse_task
+
+    namespaces: dict[str, dict] = {}
+    for input_set in sets:
+        shape = input_set["shape"]
+        if shape in namespaces:
+            continue
+        source = task.source if not input_set["overrides"] else rewrite_constants(task.source, input_set["overrides"])
+        namespaces[shape] = execute_task(parse_task(source, name=task.name))
+    return namespaces
+
+
+def rerandomized_state(model: torch.nn.Module, seed: int) -> dict:
+    """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
+
+    Signs follow the original (a positive-only tensor such as a variance stays positive); 0/1 buffers are masks,
+    structure rather than weights, and stay as they are.
+    """
+    state = {}
+    for index, (name, value) in enumerate(model.state_dict().items()):
+        if not value.is_floating_point() or value.numel() == 0:
+            state[name] = value
+            continue
+        original = value.detach().float().cpu()
+        if bool(((original == 0) | (original == 1)).all()) and not name.endswith(("weight", "bias")):
+            state[name] = value
+            continue
+        generator = torch.Generator().manual_seed(derive_seed(str(seed), "param", index, name))
+        spread = float(original.std()) if original.numel() > 1 else 0.0
+        scale = spread if spread > 0 else (float(original.abs().mean()) or 0.1)
+        if bool((original > 0).all()):
+            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator))
+        else:
+            fresh = torch.randn(original.shape, generator=generator) * scale
+        state[name] = fresh.to(dtype=value.dtype, device=value.device)
+    return state
+
+
+def _matches(target: torch.nn.Module, state: dict) -> bool:
+    own = target.state_dict()
+    return own.keys() == state.keys() and all(own[k].shape == state[k].shape for k in own)
+
+
+def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool):
+    set_seed(weight_seed)
+    init_inputs = namespace["get_init_inputs"]()
+    model = namespace["Model"](*init_inputs)
+    if weights == "rerandomized":
+        model.load_state_dict(rerandomized_state(model, weight_seed))
+    return model.to(device).train(train), init_inputs
+
+
+def set_inputs(namespace: dict, input_set: dict, device) -> list:
+    drawn = draw_inputs(namespace, input_set["seed"], device)
+    return apply_distribution(drawn, input_set["distribution"], input_set["seed"])
+
+
+def _call(model, inputs, call_seed: int):
+    set_seed(call_seed)
+    with torch.no_grad():
+        return model(*inputs)
+
+
+# ---- candidate ---------------------------------------------------------------------------------------------
+
+def candidate_job(payload: dict) -> dict:
+    device = device_from(payload)
+    task = task_from(payload)
+    sets = payload["sets"]
+    outdir = payload["outdir"]
+    train = bool(payload.get("train_mode", True))
+    guarded = bool(payload.get("guards", True))
+    record: dict = {"sets": {}, "warnings": [], "weights_loaded": {}}
+
+    announce("reference:load")
+    namespaces = shape_namespaces(task, sets)
+    snapshot = guards.snapshot_sensitive()
+    threads_before = guards.thread_count()
+
+    announce("candidate:load")
+    watch = ExtensionWatch().install()
+    # The submission sees the task's names (KernelBench prompts put them in one file) but its own copy of them.
+    namespace = {k: v for k, v in namespaces["original"].items() if not k.startswith("__")}
+    namespace["__name__"] = "kbverify_submission"
+    try:
+        exec(compile(payload["submission_source"], "<submission>", "exec"), namespace)
+    except BaseException as error:  # noqa: BLE001 - untrusted code: every failure is data
+        return {**record, "load_error": short_error(error, 6000), "extensions": watch.record()}
+    ModelNew = namespace.get("ModelNew")
+    if ModelNew is None or not isinstance(ModelNew, type):
+        return {**record, "load_error": "the submission defines no class ModelNew", "extensions": watch.record()}
+
+    models: dict = {}
+    for input_set in sets:
+        set_id = input_set["set_id"]
+        key = (input_set["shape"], input_set["weights"], input_set["weight_seed"])
+        announce(f"candidate:construct:{set_id}")
+        if key not in models:
+            models[key] = _build_candidate(ModelNew, namespaces[input_set["shape"]], input_set, device, train, record)
+        candidate = models[key]
+        if isinstance(candidate, str):
+            record["sets"][set_id] = {"skipped": candidate}
+            continue
+        announce(f"candidate:run:{set_id}")
+        entry = _run_set(candidate, namespaces[input_set["shape"]], input_set, device, outdir, guarded)
+        record["sets"][set_id] = entry
+        if entry.get("fatal"):
+            record["fatal"] = entry["error"]
+            break
+    record["extensions"] = watch.record()
+    record["tampered"] = guards.tampered(snapshot) if guarded else []
+    record["threads_started"] = guards.thread_count() - threads_before
+    return record
+
+
+def _build_candidate(ModelNew, namespace, input_set, device, train, record):
+    """The candidate model for one (shape, weights) pair, or a string saying why there is none."""
+    try:
+        reference, init_inputs = build_reference(namespace, input_set["weight_seed"], input_set["weights"],
+                                                 torch.device("cpu"), train)
+        set_seed(input_set["weight_seed"])
+        candidate = ModelNew(*namespace["get_init_inputs"]())
+    except BaseException as error:  # noqa: BLE001
+        return "construct_error: " + short_error(error)
+    state = reference.state_dict()
+    loaded = _matches(candidate, state)
+    if loaded:
+        candidate.load_state_dict(state)
+    elif input_set["weights"] == "rerandomized":
+        record["warnings"].append("weights_not_rerandomized")
+        return "weights_not_rerandomized: ModelNew's state_dict keys or shapes differ from Model's"
+    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = loaded
+    try:
+        return candidate.to(device).train(train)
+    except BaseException as error:  # noqa: BLE001
+        return "construct_error: " + short_error(error)
+
+
+def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
+    entry: dict = {}
+    call_seed = derive_seed(str(input_set["seed"]), "call")
+    try:
+        inputs = set_inputs(namespace, input_set, device)
+    except BaseException as error:  # noqa: BLE001 - the task's own get_inputs failed: not the kernel's fault
+        return {"input_error": short_error(error)}
+    pristine = clone_inputs(inputs)
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    try:
+        if guarded:
+            guards.poison_allocator(device, POISON_NAN, 2 * input_bytes + (64 << 20))
+        first = flatten_outputs(_call(candidate, inputs, call_seed))
+        synchronize(device)
+    except BaseException as error:  # noqa: BLE001
+        return {"error": short_error(error), "traceback": format_traceback(error), "fatal": is_cuda_fatal(error)}
+    entry["mutated_inputs"] = guards.changed_inputs(pristine, inputs)
+    entry["outputs"] = guards.inspect_outputs(first, inputs)
+    if entry["outputs"]["lazy"] or entry["outputs"]["no_storage"]:
+        return entry
+    saved = [t.detach().clone().cpu() if isinstance(t, torch.Tensor) else t for t in first]
+    torch.save(saved, os.path.join(outdir, _file_name(input_set["set_id"])))
+    if guarded:
+        del first
+        fresh = clone_inputs(pristine)
+        try:
+            guards.poison_allocator(device, POISON_SENTINEL, 2 * input_bytes + (64 << 20))
+            second = flatten_outputs(_call(candidate, fresh, call_seed))
+            synchronize(device)
+            agree, detail = guards.outputs_agree([t.to(device) if isinstance(t, torch.Tensor) else t
+                                                  for t in saved], second)
+        except BaseException as error:  # noqa: BLE001
+            return {**entry, "error": short_error(error), "fatal": is_cuda_fatal(error)}
+        entry["deterministic"] = agree
+        entry["determinism_detail"] = detail
+    return entry
+
+
+def _file_name(set_id: str) -> str:
+    return set_id.replace("/", "__").replace(":", "_") + ".pt"
+
+
+# ---- judge -------------------------------------------------------------------------------------------------
+
+def judge_job(payload: dict) -> dict:
+    device = device_from(payload)
+    task = task_from(payload)
+    sets = payload["sets"]
+    outdir = payload["outdir"]
+    train = bool(payload.get("train_mode", True))
+    exact_flags = (bool(payload.get("reference_tf32", False)), bool(payload.get("reference_cudnn_tf32", False)))
+    want_baseline = bool(payload.get("baseline_tf32", True)) and device.type == "cuda"
+    announce("judge:load")
+    namespaces = shape_namespaces(task, sets)
+    models: dict = {}
+    record: dict = {"sets": {}}
+    for input_set in sets:
+        set_id = input_set["set_id"]
+        announce(f"judge:{set_id}")
+        key = (input_set["shape"], input_set["weights"], input_set["weight_seed"])
+        namespace = namespaces[input_set["shape"]]
+        try:
+            if key not in models:
+                models[key] = build_reference(namespace, input_set["weight_seed"], input_set["weights"], device,
+                                              train)[0]
+            record["sets"][set_id] = _judge_set(models[key], namespace, input_set, device, outdir, exact_flags,
+                                                want_baseline)
+        except BaseException as error:  # noqa: BLE001 - the reference failing makes the set invalid
+            record["sets"][set_id] = {"valid": False, "invalid_reason": "reference raised: " + short_error(error)}
+            if is_cuda_fatal(error):
+                break
+    return record
+
+
+def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_baseline) -> dict:
+    call_seed = derive_seed(str(input_set["seed"]), "call")
+    inputs = set_inputs(namespace, input_set, device)
+    pristine = clone_inputs(inputs)
+    set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
+    reference = flatten_outputs(_call(model, inputs, call_seed))
+    synchronize(device)
+    entry: dict = {"valid": True}
+    entry["ref_mutates_inputs"] = guards.changed_inputs(pristine, inputs)
+    entry["ref_outputs"] = guards.inspect_outputs(reference, inputs)
+    entry["ref_dtypes"] = [str(t.dtype) for t in reference if isinstance(t, torch.Tensor)]
+    if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+           for t in reference):
+        return {"valid": False, "invalid_reason": "reference output is not finite"}
+    if want_baseline:
+        set_tf32(matmul=True, cudnn=True)
+        baseline = flatten_outputs(_call(model, clone_inputs(pristine), call_seed))
+        synchronize(device)
+        entry["baseline"] = summarize(reference, baseline)
+        set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
+        del baseline
+    path = os.path.join(outdir, _file_name(input_set["set_id"]))
+    if os.path.exists(path):
+        candidate = torch.load(path, map_location=device, weights_only=True)
+        entry["comparison"] = summarize(reference, candidate)
+    return entry

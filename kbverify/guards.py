@@ -1,0 +1,206 @@
+"""Worker-side guard probes (SPEC §4). Each returns evidence; the parent turns evidence into statuses,
+always against what the reference itself does (a reference that mutates or aliases makes it legal)."""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import json
+import os
+import sys
+import time
+
+import torch
+
+# Functions a submission could patch to fool timing, comparison or the result channel.
+_SENSITIVE = {
+    "time.perf_counter": lambda: time.perf_counter,
+    "time.perf_counter_ns": lambda: time.perf_counter_ns,
+    "time.time": lambda: time.time,
+    "time.monotonic": lambda: time.monotonic,
+    "torch.cuda.Event": lambda: torch.cuda.Event,
+    "torch.cuda.Event.record": lambda: torch.cuda.Event.record,
+    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
+    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
+    "torch.cuda.current_stream": lambda: torch.cuda.current_stream,
+    "torch.allclose": lambda: torch.allclose,
+    "torch.isclose": lambda: torch.isclose,
+    "torch.equal": lambda: torch.equal,
+    "torch.testing.assert_close": lambda: torch.testing.assert_close,
+    "torch.save": lambda: torch.save,
+    "torch.Tensor.clone": lambda: torch.Tensor.clone,
+    "torch.Tensor.to": lambda: torch.Tensor.to,
+    "torch.Tensor.cpu": lambda: torch.Tensor.cpu,
+    "torch.Tensor.__eq__": lambda: torch.Tensor.__eq__,
+    "torch.Tensor.sub": lambda: torch.Tensor.sub,
+    "torch.Tensor.abs": lambda: torch.Tensor.abs,
+    "torch.linalg.vector_norm": lambda: torch.linalg.vector_norm,
+    "torch.nn.Module.__call__": lambda: torch.nn.Module.__call__,
+    "torch.manual_seed": lambda: torch.manual_seed,
+    "json.dump": lambda: json.dump,
+    "json.dumps": lambda: json.dumps,
+    "os.replace": lambda: os.replace,
+    "builtins.open": lambda: builtins.open,
+}
+
+
+def snapshot_sensitive() -> dict[str, int]:
+    """Identities of the functions we rely on, captured before the submission is imported."""
+    snapshot = {}
+    for name, get in _SENSITIVE.items():
+        try:
+            snapshot[name] = id(get())
+        except AttributeError:
+            continue
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("kbverify.") and module is not None:
+            for attr, value in vars(module).items():
+                if callable(value) and getattr(value, "__module__", "") == module_name:
+                    snapshot[f"{module_name}.{attr}"] = id(value)
+    return snapshot
+
+
+def tampered(snapshot: dict[str, int]) -> list[str]:
+    changed = []
+    for name, identity in snapshot.items():
+        try:
+            current = _SENSITIVE[name]() if name in _SENSITIVE else _resolve(name)
+        except (AttributeError, KeyError):
+            changed.append(name)
+            continue
+        if id(current) != identity:
+            changed.append(name)
+    return sorted(changed)
+
+
+def _resolve(dotted: str):
+    module_name, _, attr = dotted.rpartition(".")
+    return getattr(sys.modules[module_name], attr)
+
+
+def thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
+def inspect_outputs(outputs: list, inputs: list) -> dict:
+    """Type, storage and overlap with the inputs of every output tensor."""
+    evidence = {"lazy": [], "no_storage": [], "aliases_input": []}
+    input_spans = [(index, _span(x)) for index, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    for index, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        if type(out) is not torch.Tensor:
+            evidence["lazy"].append({"output": index, "type": f"{type(out).__module__}.{type(out).__qualname__}"})
+            continue
+        span = _span(out)
+        if span is None or (out.numel() > 0 and span[0] == 0):
+            evidence["no_storage"].append(index)
+            continue
+        for input_index, input_span in input_spans:
+            if input_span and out.numel() > 0 and span[0] < input_span[1] and input_span[0] < span[1]:
+                evidence["aliases_input"].append({"output": index, "input": input_index})
+    return evidence
+
+
+def changed_inputs(pristine: list, inputs: list) -> list[int]:
+    """Indices of tensor inputs whose bytes changed during a call (NaN-safe: compares bits)."""
+    changed = []
+    for index, (before, after) in enumerate(zip(pristine, inputs)):
+        if not isinstance(before, torch.Tensor):
+            continue
+        if not isinstance(after, torch.Tensor) or before.shape != after.shape or before.dtype != after.dtype:
+            changed.append(index)
+            continue
+        if not torch.equal(_bits(before), _bits(after)):
+            changed.append(index)
+    return changed
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.element_size() and flat.numel() else flat
+
+
+def poison_allocator(device: torch.device, value: float, nbytes: int) -> None:
+    """Fill memory the caching allocator will hand out next, so `empty()` returns `value`, not stale results."""
+    if device.type != "cuda":
+        return
+    count = max(1, nbytes // 4)
+    block = torch.full((count,), value, dtype=torch.float32, device=device)
+    torch.cuda.synchronize(device)
+    del block
+
+
+def outputs_agree(first: list, second: list, *, tol: float = 1e-5) -> tuple[bool, str]:
+    """Two runs on the same inputs with different poison patterns must agree (up to atomics' reordering)."""
+    if len(first) != len(second):
+        return False, "different number of outputs"
+    for index, (a, b) in enumerate(zip(first, second)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        if a.shape != b.shape:
+            return False, f"output {index}: shape {list(a.shape)} then {list(b.shape)}"
+        if a.is_floating_point():
+            a64, b64 = a.detach().double(), b.detach().double()
+            nan_mismatch = int((torch.isnan(a64) != torch.isnan(b64)).sum())
+            close = torch.isclose(a64, b64, rtol=tol, atol=tol, equal_nan=True)
+            bad = int((~close).sum())
+            if nan_mismatch or bad:
+                return False, f"output {index}: {bad} elements differ between two runs ({nan_mismatch} NaN positions)"
+        elif not torch.equal(a, b):
+            return False, f"output {index}: differs between two runs"
+    return True, ""
+
+
+def snapshot_torch_namespace() -> dict[str, int]:
+    """Identities of the torch functions a reference calls; a submission that swaps one sabotages the baseline."""
+    import torch.nn.functional as F
+
+    snapshot = {}
+    for prefix, owner in (("torch", torch), ("F", F), ("torch.Tensor", torch.Tensor),
+                          ("torch.nn.Module", torch.nn.Module)):
+        for attr in dir(owner):
+            if attr.startswith("__") and prefix != "torch.Tensor":
+                continue
+            try:
+                value = inspect.getattr_static(owner, attr)
+            except AttributeError:
+                continue
+            if callable(value) or isinstance(value, (classmethod, staticmethod)):
+                snapshot[f"{prefix}.{attr}"] = id(value)
+    for name, cls in (("torch.nn.Conv2d.forward", torch.nn.Conv2d), ("torch.nn.Linear.forward", torch.nn.Linear)):
+        snapshot[name] = id(inspect.getattr_static(cls, "forward"))
+    return snapshot
+
+
+def torch_namespace_changes(snapshot: dict[str, int]) -> list[str]:
+    import torch.nn.functional as F
+
+    owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module,
+              "torch.nn.Conv2d": torch.nn.Conv2d, "torch.nn.Linear": torch.nn.Linear}
+    changed = []
+    for name, identity in snapshot.items():
+        prefix, _, attr = name.rpartition(".")
+        owner = owners.get(prefix)
+        try:
+            current = inspect.getattr_static(owner, attr)
+        except AttributeError:
+            changed.append(name)
+            continue
+        if id(current) != identity:
+            changed.append(name)
+    return sorted(changed)

@@ -1,0 +1,667 @@
+"""Hidden shapes: other values of a task's shape constants, found by a fixed rule and validated.
+
+A kernel that hard-codes `batch_size = 128` passes every input set drawn at the task's own shapes. Hidden
+shapes re-execute the task file with different literals for the constants that decide what `get_inputs()`
+returns, so derived constants (`bias_shape = (out_channels, 1, 1)`) follow.
+
+The rule (`RULE`), for each task:
+  1. candidates: module-level constants bound to an int or a tuple of ints, minus names that are
+     hyper-parameters by convention (eps, stride, padding, groups, kernel_size, dropout, num_heads, ...);
+  2. shape constants: the candidates whose change alone changes the shapes `get_inputs()` returns
+     (found by effect, on the meta device); among them, those that also change `get_init_inputs()` feed
+     the constructor, and those that only move dimension 0 (or are named batch) are batch-like;
+  3. two kinds of configuration: "smaller" halves each shape constant (values >= 4), "odd" moves each
+     even one (>= 4) to n - 1, which is never a multiple of 8 (odd values are kept);
+  4. each kind is tried over three scopes, the first that validates wins: every shape constant, then only
+     those not fed to the constructor, then only batch-like ones;
+  5. validation: the reference constructs and runs (on the meta device, so 6 GB tasks need no memory;
+     for small tasks also for real on the CPU, where the output must be finite), the input shapes differ
+     from the original's, and the estimated bytes (inputs, parameters, outputs) stay within the original's.
+
+Committed manifests (`hidden_tests/<set>/levelL/<name>.json`) are keyed by task name and content hash;
+a task whose hash has none gets the same rule run on the fly. Generating executes the task file: do it
+where the task may run.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from kbverify.errors import InputError
+from kbverify.tasks import Task, execute_task, load_task_dir, source_sha256
+
+log = logging.getLogger(__name__)
+
+RULE = "kbverify-hidden/1: smaller (n//2 for n>=4), odd (n-1 for even n>=4); scopes all > inputs-only > batch"
+CPU_CHECK_MAX_BYTES = 64 * 2**20
+KINDS = ("smaller", "odd")
+SCOPES = ("all", "inputs-only", "batch")
+
+# Name tokens (split on "_") that mark a hyper-parameter rather than a size, whatever its effect.
+_HYPER_TOKENS = frozenset({
+    "eps", "epsilon", "stride", "strides", "padding", "pad", "dilation", "groups", "group", "kernel", "p",
+    "dropout", "drop", "heads", "layers", "momentum", "seed", "window", "patch",
+})
+_BATCH_NAMES = frozenset({"b", "bs", "batch", "batch_size", "batchsize", "n_batch"})
+
+
+@dataclass(frozen=True)
+class HiddenShape:
+    label: str  # "hidden:0", "hidden:1", ...
+    overrides: dict  # constant name -> new value
+    input_shapes: tuple  # one entry per get_inputs() item: a shape tuple, or None for a non-tensor
+    validation: str  # what ran: "meta", "meta+cpu", "cpu-init+meta", "cpu", ...
+    kind: str = ""  # "smaller/all", "odd/batch", ...
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "overrides": self.overrides, "input_shapes": self.input_shapes,
+                "validation": self.validation, "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, data: dict) -> HiddenShape:
+        return cls(label=data["label"], overrides={k: _tuplify(v) for k, v in data["overrides"].items()},
+                   input_shapes=_tuplify(data["input_shapes"]), validation=data["validation"],
+                   kind=data.get("kind", ""))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The rule's answer for one task: its hidden shapes, or why there are none."""
+
+    shapes: list[HiddenShape]
+    reason: str | None
+    duration_s: float
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rewriting literals
+
+
+@dataclass(frozen=True)
+class _Binding:
+    name: str
+    statement: ast.stmt  # the last top-level statement binding the name
+    literal: ast.expr | None  # the node holding its value alone, replaceable in place
+    value: object  # evaluated literal value, or _NOT_LITERAL
+
+
+_NOT_LITERAL = object()
+
+
+def rewrite_constants(source: str, overrides: dict[str, object]) -> str:
+    """`source` with the module-level constants in `overrides` bound to new literal values.
+
+    A value written as its own literal is replaced in place; a name bound with others (`h = w = 128`) or
+    by a computed expression gets `name = value` right after its last binding, so later derived
+    constants still follow. Everything else in the file is kept byte for byte.
+    """
+    if not overrides:
+        return source
+    tree = _parse(source)
+    bindings = _bindings(tree)
+    unknown = sorted(name for name in overrides if name not in bindings)
+    if unknown:
+        raise InputError(f"not a module-level constant of the task: {', '.join(unknown)}")
+    data = source.encode()
+    line_starts = _line_starts(data)
+    edits: dict[tuple[int, int], list[bytes]] = {}
+    for name, value in overrides.items():
+        text = _literal_text(value)
+        binding = bindings[name]
+        if binding.literal is not None:
+            span = _byte_span(binding.literal, line_starts)
+            edits.setdefault(span, []).append(text.encode())
+        else:
+            end = _byte_span(binding.statement, line_starts)[1]
+            edits.setdefault((end, end), []).append(f"\n{name} = {text}".encode())
+    for (start, end), texts in sorted(edits.items(), reverse=True):
+        data = data[:start] + b"".join(texts) + data[end:]
+    return data.decode()
+
+
+def _parse(source: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as error:
+        raise InputError(f"task source has a syntax error on line {error.lineno}: {error.msg}") from None
+
+
+def _bindings(tree: ast.Module) -> dict[str, _Binding]:
+    found: dict[str, _Binding] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            single = len(statement.targets) == 1
+            for target in statement.targets:
+                for name, literal in _target_literals(target, statement.value):
+                    found[name] = _Binding(name, statement, literal if single else None,
+                                           _literal_value(literal) if literal is not None else _NOT_LITERAL)
+        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            value = statement.value
+            found[statement.target.id] = _Binding(statement.target.id, statement, value,
+                                                  _literal_value(value) if value is not None else _NOT_LITERAL)
+        elif isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+            found[statement.target.id] = _Binding(statement.target.id, statement, None, _NOT_LITERAL)
+    return found
+
+
+def _target_literals(target: ast.expr, value: ast.expr) -> list[tuple[str, ast.expr | None]]:
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        elements = value.elts if isinstance(value, (ast.Tuple, ast.List)) else None
+        if elements is not None and len(elements) == len(target.elts) and not any(
+                isinstance(e, ast.Starred) for e in (*elements, *target.elts)):
+            return [pair for sub, element in zip(target.elts, elements) for pair in _target_literals(sub, element)]
+        return [(name, None) for sub in target.elts for name, _ in _target_literals(sub, sub)]
+    return []
+
+
+_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b, ast.Pow: lambda a, b: a**b}
+
+
+def _literal_value(node: ast.expr | None) -> object:
+    """The value of a literal, or of integer arithmetic on literals (`1024 * 2`); else _NOT_LITERAL."""
+    if node is None:
+        return _NOT_LITERAL
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _literal_value(node.left), _literal_value(node.right)
+        if _is_int(left) and _is_int(right) and not (isinstance(node.op, ast.Pow) and right > 64):
+            with contextlib.suppress(ArithmeticError):
+                return _BINARY[type(node.op)](left, right)
+        return _NOT_LITERAL
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+
+
+def _literal_text(value: object) -> str:
+    text = repr(value)
+    try:
+        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
+    except (ValueError, SyntaxError):
+        same = False
+    if not same:
+        raise InputError(f"cannot write {value!r} as a Python literal")
+    return text
+
+
+def _line_starts(data: bytes) -> list[int]:
+    starts = [0]
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def _byte_span(node: ast.AST, line_starts: list[int]) -> tuple[int, int]:
+    # ast column offsets count UTF-8 bytes, hence editing the encoded source.
+    return (line_starts[node.lineno - 1] + node.col_offset, line_starts[node.end_lineno - 1] + node.end_col_offset)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tuplify(value: object) -> object:
+    if isinstance(value, list):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running the reference without memory: the meta device
+
+
+def _device_mode(device: str):
+    """A context in which every tensor the task makes lives on `device`, explicitly named devices included."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def redirect(value):
+        return device if isinstance(value, (str, torch.device)) else value
+
+    class _RedirectDevices(TorchFunctionMode):
+        # `torch.device(...)` only sets a default; tasks that ask for device="cuda" or call .cuda()
+        # would still reach for a GPU.
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func in (torch.Tensor.cuda, torch.Tensor.cpu):
+                return args[0]
+            if "device" in kwargs:
+                kwargs["device"] = device
+            if func is torch.Tensor.to:
+                args = tuple(redirect(a) for a in args)
+            return func(*args, **kwargs)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.device(device))
+    stack.enter_context(_RedirectDevices())
+    return stack
+
+
+def _meta_mode():
+    return _device_mode("meta")
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What one execution of a task's `get_inputs()`/`get_init_inputs()` (and maybe its model) showed."""
+
+    input_shapes: tuple | None
+    init_signature: tuple | None = None
+    estimated_bytes: int | None = None
+    validation: str | None = None  # set when the reference constructed and ran
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def _quiet():
+    # Task files print and warn; a library must not pass that on.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _execute(task: Task, source: str) -> dict:
+    return execute_task(dataclasses.replace(task, source=source, sha256=source_sha256(source)))
+
+
+def _probe_inputs(task: Task, source: str) -> _Probe:
+    try:
+        with _quiet(), _meta_mode():
+            namespace = _execute(task, source)
+            init = namespace["get_init_inputs"]()
+            inputs = namespace["get_inputs"]()
+        return _Probe(input_shapes=_shapes(inputs), init_signature=_signature(init))
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - a failing task is data here
+        return _Probe(input_shapes=None, error=f"get_inputs: {_describe(error)}")
+
+
+def _validate(task: Task, source: str) -> _Probe:
+    """Construct and run the reference on `source`: on meta, and for real on the CPU when small."""
+    import torch
+
+    try:
+        with _quiet(), _meta_mode():
+            namespace = _execute(task, source)
+            init = namespace["get_init_inputs"]()
+            inputs = namespace["get_inputs"]()
+    except (Exception, SystemExit) as error:  # noqa: BLE001
+        return _Probe(input_shapes=None, error=f"get_inputs on meta: {_describe(error)}")
+    shapes, signature = _shapes(inputs), _signature(init)
+    model, how = _construct_on_meta(task, source, namespace, init)
+    if isinstance(model, str):
+        return _Probe(shapes, signature, error=model)
+    meta_error, outputs = None, None
+    try:
+        with _quiet(), _meta_mode(), torch.no_grad():
+            outputs = model(*inputs)
+    except (Exception, SystemExit) as error:  # noqa: BLE001
+        meta_error = f"forward on meta: {_describe(error)}"
+    estimated = _tensor_bytes(inputs) + _tensor_bytes(list(model.parameters()) + list(model.buffers()))
+    estimated += _tensor_bytes(outputs) if outputs is not None else 0
+    if estimated > CPU_CHECK_MAX_BYTES:
+        if meta_error:
+            return _Probe(shapes, signature, estimated, error=f"{meta_error}; too big for a CPU run")
+        return _Probe(shapes, signature, estimated, validation=how)
+    cpu_error = _run_on_cpu(task, source)
+    if cpu_error:
+        return _Probe(shapes, signature, estimated, error=cpu_error)
+    return _Probe(shapes, signature, estimated, validation="cpu" if meta_error else f"{how}+cpu")
+
+
+def _construct_on_meta(task: Task, source: str, namespace: dict, init: list):
+    """(model on meta, how) or (error text, None). Falls back to building on the CPU and moving to meta,
+    for constructors that read values (`.item()` on a linspace)."""
+    try:
+        with _quiet(), _meta_mode():
+            return namespace["Model"](*init), "meta"
+    except (Exception, SystemExit) as meta_error:  # noqa: BLE001
+        try:
+            with _quiet():
+                cpu_namespace = _execute(task, source)
+                model = cpu_namespace["Model"](*cpu_namespace["get_init_inputs"]())
+            return model.to("meta"), "cpu-init+meta"
+        except (Exception, SystemExit) as error:  # noqa: BLE001
+            return f"Model(*get_init_inputs()): {_describe(error)} (on meta: {_describe(meta_error)})", None
+
+
+def _run_on_cpu(task: Task, source: str) -> str | None:
+    """Run the reference for real; None when it ran and every floating output is finite."""
+    import torch
+
+    try:
+        with _quiet(), torch.random.fork_rng(devices=[]), torch.no_grad(), _device_mode("cpu"):
+            torch.manual_seed(0)
+            namespace = _execute(task, source)
+            model = namespace["Model"](*namespace["get_init_inputs"]())
+            outputs = model(*namespace["get_inputs"]())
+    except (Exception, SystemExit) as error:  # noqa: BLE001
+        return f"CPU run: {_describe(error)}"
+    for tensor in _tensors(outputs):
+        if tensor.is_floating_point() or tensor.is_complex():
+            if not bool(torch.isfinite(tensor).all()):
+                return "CPU run: non-finite output"
+    return None
+
+
+def _tensors(value: object) -> Iterable:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _tensor_bytes(value: object) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def _shapes(inputs: object) -> tuple:
+    import torch
+
+    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    return tuple(tuple(item.shape) if isinstance(item, torch.Tensor) else None for item in items)
+
+
+def _signature(value: object) -> tuple:
+    """A comparable summary of constructor arguments: tensors by shape and dtype, the rest by repr."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(item) for item in value)
+    return ("value", repr(value))
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rule
+
+
+@dataclass(frozen=True)
+class _ShapeConstant:
+    name: str
+    value: object  # int or tuple of ints
+    feeds_constructor: bool
+    batch_like: bool
+
+
+def _is_hyper_parameter(name: str) -> bool:
+    return bool(set(name.lower().split("_")) & _HYPER_TOKENS)
+
+
+def _candidates(source: str) -> dict[str, object]:
+    candidates = {}
+    for name, binding in _bindings(_parse(source)).items():
+        value = binding.value
+        is_size = _is_int(value) or (isinstance(value, tuple) and value and all(_is_int(v) for v in value))
+        if is_size and not _is_hyper_parameter(name) and not name.startswith("_"):
+            candidates[name] = value
+    return candidates
+
+
+def _perturbed(value: object) -> object:
+    return tuple(v + 1 for v in value) if isinstance(value, tuple) else value + 1
+
+
+def _shape_constants(task: Task, original: _Probe) -> list[_ShapeConstant]:
+    """The candidates whose change alone changes the input shapes, by executing the task on meta."""
+    found = []
+    for name, value in _candidates(task.source).items():
+        probe = _probe_inputs(task, rewrite_constants(task.source, {name: _perturbed(value)}))
+        if probe.input_shapes is None or probe.input_shapes == original.input_shapes:
+            continue
+        only_dim0 = _only_leading_dim_changed(original.input_shapes, probe.input_shapes)
+        feeds = probe.init_signature != original.init_signature
+        batch_like = not feeds and (name.lower() in _BATCH_NAMES or "batch" in name.lower() or only_dim0)
+        found.append(_ShapeConstant(name, value, feeds, batch_like))
+    return found
+
+
+def _only_leading_dim_changed(before: tuple, after: tuple) -> bool:
+    if len(before) != len(after):
+        return False
+    for old, new in zip(before, after):
+        if old == new:
+            continue
+        if old is None or new is None or len(old) != len(new) or not old or old[1:] != new[1:]:
+            return False
+    return True
+
+
+def _step(kind: str, value: int) -> int:
+    if kind == "smaller":
+        return value // 2 if value >= 4 else value
+    # An odd size is already not a multiple of 8; 2 -> 1 would make a broadcastable dimension.
+    return value - 1 if value >= 4 and value % 2 == 0 else value
+
+
+def _new_value(kind: str, value: object) -> object:
+    if isinstance(value, tuple):
+        return tuple(_step(kind, v) for v in value)
+    return _step(kind, value)
+
+
+def _scope(constants: list[_ShapeConstant], scope: str) -> list[_ShapeConstant]:
+    if scope == "all":
+        return constants
+    if scope == "inputs-only":
+        return [c for c in constants if not c.feeds_constructor]
+    return [c for c in constants if c.batch_like]
+
+
+def generate_hidden_shapes(task: Task, *, max_configs: int = 2) -> list[HiddenShape]:
+    """The task's hidden shapes by `RULE` (deterministic: the same task gives the same list)."""
+    return _generate(task, max_configs).shapes
+
+
+def _generate(task: Task, max_configs: int = 2) -> Generation:
+    started = time.perf_counter()
+    shapes, reason = _apply_rule(task, max_configs)
+    return Generation(shapes=shapes, reason=reason, duration_s=time.perf_counter() - started)
+
+
+def _apply_rule(task: Task, max_configs: int) -> tuple[list[HiddenShape], str | None]:
+    original = _validate(task, task.source)
+    if original.validation is None:
+        return [], f"the reference does not run at its own shapes: {original.error}"
+    constants = _shape_constants(task, original)
+    if not constants:
+        return [], "no module-level constant changes the input shapes"
+    found: list[HiddenShape] = []
+    rejections: list[str] = []
+    for kind in KINDS[:max_configs]:
+        shape = _first_valid(task, kind, constants, original, rejections)
+        if shape is not None and all(shape.input_shapes != other.input_shapes for other in found):
+            found.append(dataclasses.replace(shape, label=f"hidden:{len(found)}"))
+    return found, None if found else "; ".join(rejections) or "no configuration changes the input shapes"
+
+
+def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], original: _Probe,
+                 rejections: list[str]) -> HiddenShape | None:
+    tried: list[dict] = []
+    for scope in SCOPES:
+        overrides = {c.name: _new_value(kind, c.value) for c in _scope(constants, scope)}
+        overrides = {name: value for name, value in overrides.items()
+                     if value != next(c.value for c in constants if c.name == name)}
+        if not overrides or overrides in tried:
+            continue
+        tried.append(overrides)
+        problem, probe = _check(task, overrides, original)
+        if problem is None:
+            return HiddenShape(label="", overrides=overrides, input_shapes=probe.input_shapes,
+                               validation=probe.validation, kind=f"{kind}/{scope}")
+        log.debug("%s: %s/%s rejected: %s", task.name, kind, scope, problem)
+        rejections.append(f"{kind}/{scope}: {problem}")
+    return None
+
+
+def _check(task: Task, overrides: dict, original: _Probe) -> tuple[str | None, _Probe]:
+    probe = _validate(task, rewrite_constants(task.source, overrides))
+    if probe.validation is None:
+        return probe.error, probe
+    if probe.input_shapes == original.input_shapes:
+        return "input shapes unchanged", probe
+    if original.estimated_bytes is not None and probe.estimated_bytes is not None \
+            and probe.estimated_bytes > original.estimated_bytes:
+        return f"needs {probe.estimated_bytes} bytes, more than the original's {original.estimated_bytes}", probe
+    return None, probe
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Manifests
+
+
+def manifest_json(task: Task, generation: Generation) -> dict:
+    data = {"task": task.name, "level": task.level, "sha256": task.sha256, "rule": RULE,
+            "shapes": [shape.to_json() for shape in generation.shapes]}
+    if not generation.shapes:
+        data["reason"] = generation.reason
+    return data
+
+
+def write_manifest(task: Task, generation: Generation, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(manifest_json(task, generation), indent=2) + "\n"
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)  # a reader never sees half a manifest
+    return path
+
+
+def _manifest_path(task: Task, out_dir: Path, root: Path | None) -> Path:
+    if root is not None and task.path is not None:
+        with contextlib.suppress(ValueError):
+            return out_dir / Path(task.path).resolve().relative_to(root.resolve()).with_suffix(".json")
+    level = f"level{task.level}" if task.level is not None else ""
+    return out_dir / level / f"{task.name}.json"
+
+
+def write_manifests(tasks: Sequence[Task], out_dir: str | Path, *, root: str | Path | None = None) -> list[Path]:
+    """Generate and write one manifest per task: `out_dir/levelL/<name>.json`, or mirroring the task's
+    path below `root` when given."""
+    out_dir = Path(out_dir)
+    root = Path(root) if root is not None else None
+    return [write_manifest(task, _generate(task), _manifest_path(task, out_dir, root)) for task in tasks]
+
+
+def load_manifest(task: Task, hidden_dir: str | Path) -> list[HiddenShape] | None:
+    """The committed hidden shapes for exactly this task (same name and sha256) under `hidden_dir`, or None.
+
+    A manifest written for another version of the file does not apply."""
+    hidden_dir = Path(hidden_dir)
+    if not hidden_dir.is_dir():
+        return None
+    for path in sorted(hidden_dir.rglob("*.json")):
+        if path.stem != task.name:
+            continue
+        data = _read_manifest(path)
+        if data.get("task") == task.name and data.get("sha256") == task.sha256:
+            return [HiddenShape.from_json(shape) for shape in data.get("shapes", [])]
+    return None
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: unreadable hidden-shape manifest: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("shapes", []), list):
+        raise InputError(f"{path}: not a hidden-shape manifest")
+    return data
+
+
+def shapes_for(task: Task, hidden_dirs: Sequence[str | Path]) -> tuple[list[HiddenShape], str]:
+    """The task's hidden shapes and their origin: "committed", "generated" or "none"."""
+    for hidden_dir in hidden_dirs:
+        shapes = load_manifest(task, hidden_dir)
+        if shapes is not None:
+            return shapes, "committed" if shapes else "none"
+    shapes = list(_generated(task))
+    return shapes, "generated" if shapes else "none"
+
+
+@lru_cache(maxsize=64)
+def _generated(task: Task) -> tuple[HiddenShape, ...]:
+    # Several protocols ask for the same task's shapes in one run; the rule is deterministic.
+    return tuple(generate_hidden_shapes(task))
+
+
+def execute_with_shape(task: Task, shape: HiddenShape | None) -> dict:
+    """The task's namespace with the shape's constants in force (None: the task as written)."""
+    if shape is None:
+        return execute_task(task)
+    return _execute(task, rewrite_constants(task.source, shape.overrides))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `kbverify hidden generate TASKS --out DIR`
+
+
+def generate_command(tasks_path: str | Path, out_dir: str | Path, *, jobs: int = 1) -> dict:
+    """Write a manifest for every task under `tasks_path`, mirroring its folders under `out_dir`."""
+    tasks_path, out_dir = Path(tasks_path), Path(out_dir)
+    tasks = load_task_dir(tasks_path)
+    root = tasks_path if tasks_path.is_dir() else tasks_path.parent
+    started = time.perf_counter()
+    by_count: dict[int, int] = {}
+    failures: list[str] = []
+    for index, (task, generation) in enumerate(_generations(tasks, jobs), start=1):
+        if isinstance(generation, str):
+            failures.append(task.key)
+            log.error("[%d/%d] %s: generation failed: %s", index, len(tasks), task.key, generation)
+            continue
+        write_manifest(task, generation, _manifest_path(task, out_dir, root))
+        by_count[len(generation.shapes)] = by_count.get(len(generation.shapes), 0) + 1
+        detail = ", ".join(f"{s.kind} ({s.validation})" for s in generation.shapes) or generation.reason
+        log.info("[%d/%d] %s: %d hidden shape(s) in %.1f s: %s", index, len(tasks), task.key,
+                 len(generation.shapes), generation.duration_s, detail)
+    with_shapes = sum(count for n, count in by_count.items() if n > 0)
+    return {"tasks": len(tasks), "committed": with_shapes, "none": by_count.get(0, 0), "failures": len(failures),
+            "failed_tasks": failures, "by_count": {str(n): by_count[n] for n in sorted(by_count)},
+            "rule": RULE, "out": str(out_dir), "duration_s": round(time.perf_counter() - started, 1)}
+
+
+def _generations(tasks: list[Task], jobs: int) -> Iterable[tuple[Task, Generation | str]]:
+    if jobs <= 1:
+        for task in tasks:
+            yield task, _generate_or_error(task)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    # spawn, not fork: forking a process that already ran torch ops can deadlock its thread pools.
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from zip(tasks, pool.map(_generate_or_error, tasks))
+
+
+def _generate_or_error(task: Task) -> Generation | str:
+    try:
+        return _generate(task)
+    except Exception as error:  # noqa: BLE001 - one broken task must not stop the others
+        log.debug("generation failed for %s", task.key, exc_info=True)
+        return _describe(error)
+

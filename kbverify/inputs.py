@@ -1,0 +1,119 @@
+"""Input sets: a shape configuration × a value distribution × a weight regime × a seed (SPEC §3).
+
+Planning (which sets exist) is pure and runs in the parent; drawing runs in workers, on the device, once per
+seed, with the other distributions derived from that one draw. Distributions touch floating tensors only:
+integer and bool inputs keep their dtype and values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import asdict, dataclass, field
+
+KERNELBENCH_SEED = 42
+
+
+@dataclass(frozen=True)
+class InputSet:
+    set_id: str
+    shape: str  # "original" | "hidden:<n>"
+    distribution: str
+    weights: str  # "default" | "rerandomized"
+    seed: int  # drives get_inputs() and the per-call RNG reseed
+    weight_seed: int
+    overrides: dict = field(default_factory=dict)  # the hidden shape's constant values
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def derive_seed(secret: str, *parts) -> int:
+    digest = hashlib.sha256("/".join([secret, *map(str, parts)]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def new_run_secret() -> str:
+    return secrets.token_hex(8)
+
+
+def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) -> list[InputSet]:
+    """Every input set a protocol asks for. `shapes` = [("original", {}), ("hidden:0", {...}), ...]."""
+    regimes = ["default"] + (["rerandomized"] if protocol.rerandomized_weights else [])
+    plan = []
+    for shape, overrides in shapes:
+        for trial in range(protocol.trials):
+            if protocol.seeds == "kernelbench":
+                seed, weight_seed = kernelbench_trial_seeds(protocol.trials)[trial], KERNELBENCH_SEED
+            else:
+                seed, weight_seed = derive_seed(secret, "input", trial), derive_seed(secret, "weights", trial)
+            for weights in regimes:
+                for distribution in protocol.distributions:
+                    set_id = f"{shape}/{distribution}/{weights}/s{trial}"
+                    plan.append(InputSet(set_id, shape, distribution, weights, seed, weight_seed, dict(overrides)))
+    return plan
+
+
+def kernelbench_trial_seeds(trials: int) -> list[int]:
+    """torch.manual_seed(42) then torch.randint(0, 2**32 - 1, (1,)) per trial, as KernelBench derives them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(KERNELBENCH_SEED)
+    return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(trials)]
+
+
+# ---- worker side -------------------------------------------------------------------------------------------
+
+SHIFT = 100.0
+WIDE_LARGE, WIDE_SMALL = 1e4, 1e-4
+
+
+def draw_inputs(namespace: dict, seed: int, device) -> list:
+    """One draw of get_inputs(), made on the device (torch factories follow the default device)."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        raw = namespace["get_inputs"]()
+    return [value.to(device) if isinstance(value, torch.Tensor) else value for value in raw]
+
+
+def apply_distribution(inputs: list, distribution: str, seed: int) -> list:
+    """Derive a distribution's inputs from the x1 draw. Returns new tensors; the draw is untouched."""
+    import torch
+
+    out = []
+    for index, value in enumerate(inputs):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            out.append(value.clone() if isinstance(value, torch.Tensor) else value)
+            continue
+        out.append(_transform(value, distribution, derive_seed(str(seed), "wide", index)))
+    return out
+
+
+def _transform(x, distribution: str, mask_seed: int):
+    import torch
+
+    if distribution == "x1":
+        return x.clone()
+    if distribution == "x3":
+        return x * 3.0
+    if distribution == "x0.01":
+        return x * 0.01
+    if distribution == "neg":
+        return -x
+    if distribution == "shifted":
+        # mean far from zero relative to spread: exposes E[x²]−E[x]² style cancellation
+        return x + SHIFT
+    if distribution == "wide":
+        # values fp32 handles and fp16 cannot: some overflow fp16's 65504 once multiplied, others flush to zero
+        generator = torch.Generator(device=x.device).manual_seed(mask_seed)
+        large = torch.rand(x.shape, generator=generator, device=x.device) < 0.5
+        return torch.where(large, x * WIDE_LARGE, x * WIDE_SMALL)
+    raise ValueError(f"unknown distribution {distribution!r}")
+
+
+def clone_inputs(inputs: list) -> list:
+    import torch
+
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]

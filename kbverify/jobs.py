@@ -1,0 +1,240 @@
+"""What each command does, end to end: load inputs, run, store, summarise. The CLI parses and calls these."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from kbverify.errors import InputError
+from kbverify.protocols import parse_protocols
+from kbverify.records import Verdict
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_RUN = REPO_ROOT / "examples" / "published_run"
+DEMO_TASKS = REPO_ROOT / "tasks" / "basic"
+P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def score_rows_from_verdicts(verdicts: list[Verdict]):
+    from kbverify.score import ScoreRow
+
+    return [ScoreRow(task=v.task_name if v.level is None else f"level{v.level}/{v.task_name}", level=v.level,
+                     sample=v.sample, correct=v.correct, speedup=v.speedup,
+                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
+            for v in verdicts]
+
+
+def tables_by_protocol(verdicts: list[Verdict], ps, samples: str, exclude: set[str] | None = None) -> dict:
+    from kbverify.score import score_rows, table_to_dict
+
+    protocols = list(dict.fromkeys(v.protocol for v in verdicts))
+    return {name: table_to_dict(score_rows(score_rows_from_verdicts([v for v in verdicts if v.protocol == name]),
+                                           ps, samples=samples, exclude=exclude))
+            for name in protocols}
+
+
+def _progress_printer(show: bool):
+    if not show:
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), transient=False)
+    state = {"id": None}
+
+    def update(progress) -> None:
+        if state["id"] is None:
+            state["id"] = bar.add_task("rescore", total=progress.total, eta="")
+        eta = f"GPU/worker time left ≈ {progress.eta_s:.0f} s" if progress.eta_s is not None else ""
+        bar.update(state["id"], completed=progress.done, eta=eta, description=progress.last[:50])
+
+    return bar, update
+
+
+def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
+                report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
+                allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
+                title: str | None = None) -> dict:
+    from kbverify import present
+    from kbverify.importers import load_entries
+    from kbverify.rescore import rescore
+    from kbverify.runner import CheckOptions
+    from kbverify.store import Store
+
+    if samples not in ("first", "best"):
+        raise InputError("--samples is first or best")
+    entries = load_entries(source, fmt=fmt, tasks_dir=tasks)
+    if limit is not None:
+        entries = entries[:limit]
+    if not entries:
+        raise InputError(f"{source}: no entries to re-score")
+    chosen = parse_protocols(protocols)
+    if protocol_overrides:
+        chosen = [p.with_overrides(**protocol_overrides.get(p.name, {})) for p in chosen]
+    options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
+    devices = _devices_for(device)
+    bar, update = _progress_printer(show_progress)
+    with Store(store_path) as store:
+        arguments = {"source": str(source), "protocols": [p.name for p in chosen], "allow_mixed": allow_mixed}
+        if bar:
+            with bar:
+                summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
+                                  options=options, progress=update, arguments=arguments)
+        else:
+            summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
+                              options=options, arguments=arguments)
+        verdicts = [v for _, v in store.verdicts() if v.protocol in {p.name for p in chosen}]
+    tables = tables_by_protocol(verdicts, P_VALUES, samples)
+    text = present.render_fast_p(tables, P_VALUES)
+    text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
+             f"{summary.wall_s:.0f} s\n")
+    text += _changes_text(verdicts)
+    for error in summary.errors:
+        text += f"infrastructure error (not counted): {error}\n"
+    paths = {}
+    if report_dir is not None:
+        from kbverify.report import write_reports
+
+        paths = write_reports(verdicts, report_dir, title=title or f"kbverify re-score of {source.name}")
+        text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
+    return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
+            "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
+            "reports": {k: str(v) for k, v in paths.items()}}
+
+
+def _devices_for(device: str) -> list[str]:
+    if device == "cpu":
+        return ["cpu"]
+    import torch
+
+    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] or [device]
+
+
+def _changes_text(verdicts: list[Verdict]) -> str:
+    by_unit: dict = {}
+    for verdict in verdicts:
+        by_unit.setdefault((verdict.submission, verdict.sample), {})[verdict.protocol] = verdict
+    lines = []
+    for (submission, _), per_protocol in sorted(by_unit.items()):
+        statuses = {name: v.status.value for name, v in per_protocol.items()}
+        if len(set(statuses.values())) > 1:
+            last = list(per_protocol.values())[-1]
+            lines.append(f"  {submission}: " + " → ".join(statuses.values()) + (f"  ({last.message[:140]})"
+                                                                                 if last.message else ""))
+    return ("status changes between protocols:\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exclude_path: Path | None,
+              samples: str) -> dict:
+    from kbverify import present, score
+    from kbverify.store import Store
+
+    if not source.exists():
+        raise InputError(f"{source}: no such file")
+    exclude = None
+    if exclude_path is not None:
+        from kbverify.audit import load_exclusions
+
+        exclude = load_exclusions(exclude_path)
+    if baseline is not None:
+        if level is None:
+            raise InputError("--baseline needs --level (KernelBench's eval_results.json holds one level)")
+        rows = score.read_kernelbench_eval(source, baseline, level, None)
+        tables = {"kernelbench": score.table_to_dict(score.score_rows(rows, ps, samples="first", exclude=exclude))}
+    elif source.suffix in (".sqlite", ".db") or _is_sqlite(source):
+        with Store(source) as store:
+            verdicts = [v for _, v in store.verdicts()]
+        tables = tables_by_protocol(verdicts, ps, samples, exclude)
+    else:
+        rows = score.read_score_jsonl(source)
+        tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples, exclude=exclude))}
+    return {"text": present.render_fast_p(tables, ps), "json": {"tables": tables}}
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hidden_dirs) -> dict:
+    from kbverify import audit
+    from kbverify.tasks import load_task_dir
+
+    loaded = load_task_dir(tasks)
+    report = audit.audit_tasks(loaded, protocols=parse_protocols(protocols), device=device, out_prefix=out,
+                               hidden_dirs=list(hidden_dirs))
+    summary = audit.audit_to_json_summary(report)
+    lines = [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
+             for t in summary["tasks"]]
+    return {"text": "\n".join(lines) + "\n", "json": summary}
+
+
+def run_report(store_path: Path, out: Path) -> dict:
+    from kbverify.report import write_reports
+    from kbverify.store import Store
+
+    if not store_path.exists():
+        raise InputError(f"{store_path}: no such store")
+    with Store(store_path) as store:
+        verdicts = [v for _, v in store.verdicts()]
+        runs = store.runs()
+    if not verdicts:
+        raise InputError(f"{store_path}: the store holds no verdicts")
+    return write_reports(verdicts, out, provenance={"runs": runs})
+
+
+def run_rejudge(store_path: Path, protocol_spec: str) -> dict:
+    """Recompute each isolated verdict's status from its stored raw evidence under `protocol_spec`'s rules."""
+    from kbverify import present
+    from kbverify.rejudge import rejudge_verdict
+    from kbverify.store import Store
+
+    if not store_path.exists():
+        raise InputError(f"{store_path}: no such store")
+    protocols = parse_protocols(protocol_spec)
+    if len(protocols) != 1:
+        raise InputError("rejudge takes one protocol")
+    target = protocols[0]
+    with Store(store_path) as store:
+        verdicts = [v for _, v in store.verdicts()]
+    rejudged, changes = [], []
+    for verdict in verdicts:
+        new = rejudge_verdict(verdict, target)
+        if new is None:
+            continue
+        rejudged.append(new)
+        if new.status is not verdict.status:
+            changes.append({"submission": verdict.submission, "task": verdict.task_name, "from": verdict.status.value,
+                            "to": new.status.value, "message": new.message})
+    tables = tables_by_protocol(rejudged, P_VALUES, "first") if rejudged else {}
+    text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
+    text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)
+    return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
+                                   "tables": tables}}
+
+
+def run_demo(out: Path) -> dict:
+    """The bundled example: a small published run with honest kernels and cheats, re-scored on this machine."""
+    if not DEMO_RUN.is_dir() or not DEMO_TASKS.is_dir():
+        raise InputError("the bundled example is missing: run the demo from a checkout of the repository")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    # A short timing budget keeps the demo to a couple of minutes on two CPU cores; the statistics are the same.
+    result = run_rescore(DEMO_RUN, fmt="kernelbench", tasks=DEMO_TASKS, store_path=out / "store.sqlite",
+                         protocols="original,verified", samples="first", report_dir=out / "report",
+                         device="cpu", hidden_dirs=[REPO_ROOT / "hidden_tests"], timeout_s=300.0,
+                         show_progress=True, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
+                         title="kbverify demo: the bundled example run")
+    header = (f"kbverify demo: {DEMO_RUN.relative_to(REPO_ROOT)} re-scored against "
+              f"{DEMO_TASKS.relative_to(REPO_ROOT)} on the CPU under original and verified\n")
+    result["text"] = header + result["text"] + f"demo finished in {time.monotonic() - started:.0f} s\n"
+    return result
+
+

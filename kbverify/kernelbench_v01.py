@@ -1,0 +1,221 @@
+"""The `original` protocol: KernelBench v0.1's `eval_kernel_against_ref`, bug for bug (SPEC §2).
+
+Reproduced on purpose: the submission is exec'd into the reference's namespace (a rebound `batch_size` shrinks the
+inputs), both models stay in training mode, the reference runs first on the same input tensors, `allclose(ref,
+cand, 1e-2, 1e-2)` (rtol scales with the candidate), 5 trials with seeds derived from 42, the candidate timed with
+autograd on over 3 warm-ups and 100 trials on the same inputs, mean rounded to 3 significant figures. What is
+added is only observation: which constants the submission rebound and whether its native extension built and ran.
+On a CPU the CUDA events become `perf_counter_ns`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from kbverify.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
+                             task_from, to_device)
+
+SEED = 42
+ATOL = RTOL = 1e-2
+
+
+def _timed_calls(fn, args, *, warmups: int, trials: int, device: torch.device) -> list[float]:
+    """time_execution_with_cuda_event: synchronise after each call; events on the current stream."""
+    for _ in range(warmups):
+        fn(*args)
+        synchronize(device)
+    times_ms = []
+    for _ in range(trials):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            torch.cuda.synchronize(device)
+            times_ms.append(start.elapsed_time(end))
+        else:
+            started = time.perf_counter_ns()
+            fn(*args)
+            times_ms.append((time.perf_counter_ns() - started) / 1e6)
+    return times_ms
+
+
+def timing_stats(times_ms: list[float]) -> dict:
+    """get_timing_stats: every statistic rounded to 3 significant figures, as KernelBench stores them."""
+    return {
+        "mean": float(f"{np.mean(times_ms):.3g}"),
+        "std": float(f"{np.std(times_ms):.3g}"),
+        "min": float(f"{np.min(times_ms):.3g}"),
+        "max": float(f"{np.max(times_ms):.3g}"),
+        "num_trials": len(times_ms),
+    }
+
+
+def _load_reference(source: str, context: dict):
+    exec(compile(source, "<string>", "exec"), context)
+    return context.get("Model"), context.get("get_init_inputs"), context.get("get_inputs")
+
+
+def _snapshot(context: dict, names) -> dict:
+    return {name: context.get(name) for name in names}
+
+
+def _rebound(before: dict, context: dict) -> list[str]:
+    changed = []
+    for name, value in before.items():
+        now = context.get(name)
+        if now is value:
+            continue
+        try:
+            same = bool(now == value)
+        except Exception:  # noqa: BLE001 - tensors and odd objects compare ambiguously
+            same = False
+        if not same:
+            changed.append(name)
+    return sorted(changed)
+
+
+def eval_job(payload: dict) -> dict:
+    device = device_from(payload)
+    task = task_from(payload)
+    trials = int(payload.get("trials", 5))
+    timing_trials = int(payload.get("timing_trials", 100))
+    warmups = int(payload.get("warmup_calls", 3))
+    record: dict = {"compiled": False, "correctness": False, "trials": [], "namespace_rebind": []}
+
+    announce("reference:load")
+    context: dict = {}
+    Model, get_init_inputs, get_inputs = _load_reference(task.source, context)
+    watched = [name for name in task.constants] + ["Model", "get_inputs", "get_init_inputs"]
+    before = _snapshot(context, watched)
+    set_seed(SEED)
+    init_inputs = to_device(get_init_inputs(), device)
+    with torch.no_grad():
+        set_seed(SEED)
+        original_model = Model(*init_inputs)
+
+    announce("candidate:load")
+    watch = ExtensionWatch().install()
+    record["extensions"] = watch.record()
+    try:
+        exec(compile(payload["submission_source"], "<string>", "exec"), context)
+        ModelNew = context.get("ModelNew")
+        synchronize(device)
+    except BaseException as error:  # noqa: BLE001 - KernelBench records any exec failure as a compile failure
+        record["compilation_error"] = short_error(error)
+        record["extensions"] = watch.record()
+        return record
+    record["namespace_rebind"] = _rebound(before, context)
+    record["extensions"] = watch.record()
+    if ModelNew is None:
+        record["compilation_error"] = "SyntaxError: the submission defines no ModelNew"
+        return record
+    record["compiled"] = True
+    try:
+        with torch.no_grad():
+            set_seed(SEED)
+            custom_model = ModelNew(*init_inputs)
+            synchronize(device)
+    except BaseException as error:  # noqa: BLE001
+        record["runtime_error"] = short_error(error)
+        record["extensions"] = watch.record()
+        return record
+
+    announce("candidate:correctness")
+    try:
+        correct = _run_and_check(original_model, custom_model, get_inputs, trials, device, record)
+    except BaseException as error:  # noqa: BLE001
+        record["runtime_error"] = short_error(error)
+        correct = False
+    record["correctness"] = correct
+    record["extensions"] = watch.record()
+    if not correct:
+        return record
+
+    announce("candidate:timing")
+    try:
+        synchronize(device)
+        set_seed(SEED)
+        inputs = to_device(get_inputs(), device)
+        model_new = custom_model.to(device)
+        synchronize(device)
+        grad = bool(payload.get("candidate_grad_enabled", True))
+        with torch.set_grad_enabled(grad):
+            times_ms = _timed_calls(model_new, inputs, warmups=warmups, trials=timing_trials, device=device)
+        record["times_ms"] = times_ms
+        record["runtime_stats"] = timing_stats(times_ms)
+        record["runtime_ms"] = record["runtime_stats"]["mean"]
+        record["input_shapes"] = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+    except BaseException as error:  # noqa: BLE001
+        record["error_during_performance"] = short_error(error)
+    record["extensions"] = watch.record()
+    return record
+
+
+def _run_and_check(original_model, custom_model, get_inputs, trials: int, device, record: dict) -> bool:
+    torch.manual_seed(SEED)
+    trial_seeds = [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(trials)]
+    passes = 0
+    with torch.no_grad():
+        for trial_seed in trial_seeds:
+            set_seed(trial_seed)
+            inputs = to_device(get_inputs(), device)
+            set_seed(trial_seed)
+            model = original_model.to(device)
+            set_seed(trial_seed)
+            model_new = custom_model.to(device)
+            output = model(*inputs)
+            synchronize(device)
+            output_new = model_new(*inputs)
+            synchronize(device)
+            entry = {"seed": int(trial_seed)}
+            record["trials"].append(entry)
+            if output.shape != output_new.shape:
+                entry["shape_mismatch"] = f"expected {tuple(output.shape)}, got {tuple(output_new.shape)}"
+                record["correctness_issue"] = "shape_mismatch"
+                return False
+            if torch.allclose(output, output_new, atol=ATOL, rtol=RTOL):
+                passes += 1
+                entry["passed"] = True
+            else:
+                entry["passed"] = False
+                entry["max_difference"] = torch.max(torch.abs(output - output_new)).item()
+                entry["avg_difference"] = torch.mean(torch.abs(output - output_new)).item()
+                record["correctness_issue"] = "output_mismatch"
+            entry["input_shapes"] = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+    record["correctness_trials"] = f"({passes} / {trials})"
+    return passes == trials
+
+
+def baseline_job(payload: dict) -> dict:
+    """measure_program_time from KernelBench's generate_baseline_time.py: the reference alone, no_grad."""
+    device = device_from(payload)
+    task = task_from(payload)
+    announce("reference:timing")
+    _apply_baseline_flags(payload)
+    context: dict = {}
+    Model, get_init_inputs, get_inputs = _load_reference(task.source, context)
+    with torch.no_grad():
+        synchronize(device)
+        set_seed(SEED)
+        inputs = get_inputs()
+        set_seed(SEED)
+        init_inputs = get_init_inputs()
+        inputs = to_device(inputs, device)
+        init_inputs = to_device(init_inputs, device)
+        model = Model(*init_inputs).to(device)
+        synchronize(device)
+        times_ms = _timed_calls(model, inputs, warmups=int(payload.get("warmup_calls", 3)),
+                                trials=int(payload.get("timing_trials", 100)), device=device)
+    return {"times_ms": times_ms, "runtime_stats": timing_stats(times_ms), "runtime_ms": timing_stats(times_ms)["mean"],
+            "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]}
+
+
+def _apply_baseline_flags(payload: dict) -> None:
+    from kbverify.precision import set_tf32
+
+    set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", False)),
+             cudnn=bool(payload.get("baseline_cudnn_tf32", True)))

@@ -1,0 +1,85 @@
+"""Text and JSON for the terminal: what `check`, `rescore` and `score` show. Pure formatting, no I/O."""
+
+from __future__ import annotations
+
+from kbverify.records import Verdict
+
+
+def verdict_json(verdict: Verdict) -> dict:
+    """The SPEC §10 shape of one protocol's verdict, plus the evidence a script may want."""
+    failing = next((s for s in verdict.sets if s.status.value != "passed"), None)
+    return {
+        "status": verdict.status.value,
+        "speedup": verdict.speedup,
+        "speedup_ci": list(verdict.speedup_ci) if verdict.speedup_ci else None,
+        "speed": verdict.speed_class,
+        "warnings": list(verdict.warnings),
+        "message": verdict.message,
+        "ref_time_ms": verdict.ref_time_ms,
+        "cand_time_ms": verdict.cand_time_ms,
+        "hidden_shapes": verdict.hidden_shapes,
+        "sets": {"total": len(verdict.sets), "valid": sum(s.valid for s in verdict.sets),
+                 "failed": sum(s.status.value != "passed" for s in verdict.sets)},
+        "failing_set": failing.set_id if failing else None,
+        "reproducer": verdict.reproducer,
+        "build": None if verdict.build is None else {
+            "native_sources": verdict.build.native_sources, "extension_built": verdict.build.extension_built,
+            "extension_called": verdict.build.extension_called, "error_class": verdict.build.error_class},
+        "elapsed_s": verdict.elapsed_s,
+    }
+
+
+def _speed(verdict: Verdict) -> str:
+    if verdict.speedup is None:
+        return "-"
+    text = f"{verdict.speedup:.3f}x"
+    if verdict.speedup_ci:
+        text += f" [{verdict.speedup_ci[0]:.3f}, {verdict.speedup_ci[1]:.3f}]"
+    if verdict.speed_class:
+        text += f" {verdict.speed_class}"
+    return text
+
+
+def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) -> str:
+    lines = [f"{submission_id} against {task_name}"]
+    width = max(len(v.protocol) for v in verdicts)
+    for verdict in verdicts:
+        line = f"  {verdict.protocol:<{width}}  {verdict.status.value:<26} {_speed(verdict)}"
+        if verdict.warnings:
+            line += f"  warnings: {', '.join(verdict.warnings)}"
+        lines.append(line)
+        if verdict.message:
+            lines.append(f"  {'':<{width}}  {verdict.message[:300]}")
+        if verdict.status.value != "passed" and verdict.reproducer.get("set"):
+            lines.append(f"  {'':<{width}}  rerun: --protocol {verdict.protocol} --only {verdict.reproducer['set']}")
+    return "\n".join(lines) + "\n"
+
+
+def render_fast_p(tables: dict, ps) -> str:
+    """Side-by-side fast_p per protocol. `tables` maps protocol → score table dict (kbverify.score)."""
+    names = list(tables)
+    header = "| p | " + " | ".join(names) + " |"
+    lines = [header, "|---|" + "---|" * len(names)]
+    for p in ps:
+        cells = []
+        for name in names:
+            row = next((r for r in tables[name]["rows"] if abs(r["p"] - p) < 1e-12), None)
+            if row is None:
+                cells.append("-")
+                continue
+            cell = f"{100 * row['fast_p']:.1f}%"
+            if row.get("fast_p_ci"):
+                cell += f" [{100 * row['fast_p_ci'][0]:.0f}, {100 * row['fast_p_ci'][1]:.0f}]"
+            if row.get("confident_fast_p") is not None:
+                cell += f" (confident {100 * row['confident_fast_p']:.1f}%)"
+            cells.append(cell)
+        lines.append(f"| fast_{p:g} | " + " | ".join(cells) + " |")
+    for name in names:
+        table = tables[name]
+        line = f"{name}: {table['n_tasks']} tasks, {table['n_correct']} correct"
+        if table.get("geomean_speedup") is not None:
+            line += f", geomean speedup of correct {table['geomean_speedup']:.3f}x"
+        if table.get("excluded"):
+            line += f"; excluded as degenerate: {', '.join(table['excluded'])}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"

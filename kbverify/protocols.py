@@ -1,0 +1,125 @@
+"""Protocols: frozen, named sets of evaluation rules. Data, not code paths (SPEC §2).
+
+A user protocol is a JSON file `{"base": "verified", "name": "...", <field>: <value>, ...}`; every field of
+`Protocol` may be overridden, nothing else exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbverify.errors import InputError
+
+ALL_DISTRIBUTIONS = ("x1", "x3", "x0.01", "neg", "shifted", "wide")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    # correctness
+    rule: str  # "allclose": torch.allclose(ref, cand, atol, rtol); "verified": element + norm + baseline allowance
+    atol: float
+    rtol: float
+    norm_rtol: float | None  # norm-wise ‖c − r‖/‖r‖ bound ("verified" only)
+    baseline_allowance: float | None  # candidate may err this many times the TF32 baseline's own error
+    reference_tf32: bool  # reference for correctness computed with TF32 (matmul and cuDNN)
+    reference_cudnn_tf32: bool  # PyTorch's default leaves cuDNN TF32 on; exact-fp32 turns it off
+    trials: int  # seeds per input configuration
+    seeds: str  # "kernelbench": 42 and its derived trial seeds; "secret": per-run secret seeds
+    distributions: tuple[str, ...]
+    hidden_shapes: bool
+    shape_specialized_fails: bool
+    rerandomized_weights: bool
+    isolated: bool  # candidate in its own process on its own inputs; False = KernelBench's shared namespace
+    guards: bool
+    train_mode: bool  # KernelBench leaves both models in training mode
+    # timing
+    timing: str  # "kernelbench": warm-ups + trials, mean, same inputs; "interleaved": SPEC §5
+    warmup_calls: int
+    timing_trials: int
+    baseline_matmul_tf32: bool
+    baseline_cudnn_tf32: bool
+    candidate_grad_enabled: bool  # KernelBench timed the candidate with autograd on
+    timing_budget_s: float  # interleaved: stop at this many seconds of timing per task
+    ci_half_width: float  # interleaved: stop when the 95% CI half-width on log-speedup is below this
+    # scoring
+    samples: str  # "first" | "best"
+    exclude_degenerate: bool
+
+    def with_overrides(self, **overrides) -> "Protocol":
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise InputError(f"protocol {self.name}: unknown field(s) {', '.join(sorted(unknown))}")
+        if "distributions" in overrides:
+            overrides["distributions"] = tuple(overrides["distributions"])
+            bad = set(overrides["distributions"]) - set(ALL_DISTRIBUTIONS)
+            if bad:
+                raise InputError(f"protocol {self.name}: unknown distribution(s) {', '.join(sorted(bad))}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+ORIGINAL = Protocol(
+    name="original", rule="allclose", atol=1e-2, rtol=1e-2, norm_rtol=None, baseline_allowance=None,
+    reference_tf32=False, reference_cudnn_tf32=True, trials=5, seeds="kernelbench", distributions=("x1",),
+    hidden_shapes=False, shape_specialized_fails=False, rerandomized_weights=False, isolated=False, guards=False,
+    train_mode=True, timing="kernelbench", warmup_calls=3, timing_trials=100, baseline_matmul_tf32=False,
+    baseline_cudnn_tf32=True, candidate_grad_enabled=True, timing_budget_s=0.0, ci_half_width=0.0,
+    samples="first", exclude_degenerate=False,
+)
+
+KBV = dataclasses.replace(
+    ORIGINAL, name="kbv", atol=1e-3, rtol=1e-3, trials=1, seeds="kernelbench",
+    distributions=("x1", "x3", "x0.01", "neg"), timing_trials=10, baseline_matmul_tf32=True, samples="best",
+    exclude_degenerate=True,
+)
+
+VERIFIED = Protocol(
+    name="verified", rule="verified", atol=1e-3, rtol=1e-3, norm_rtol=1e-3, baseline_allowance=4.0,
+    reference_tf32=False, reference_cudnn_tf32=False, trials=2, seeds="secret", distributions=ALL_DISTRIBUTIONS,
+    hidden_shapes=True, shape_specialized_fails=True, rerandomized_weights=True, isolated=True, guards=True,
+    train_mode=True, timing="interleaved", warmup_calls=3, timing_trials=200, baseline_matmul_tf32=True,
+    baseline_cudnn_tf32=True, candidate_grad_enabled=False, timing_budget_s=2.0, ci_half_width=0.005,
+    samples="first", exclude_degenerate=True,
+)
+
+PRESETS = {p.name: p for p in (ORIGINAL, KBV, VERIFIED)}
+
+
+def get_protocol(spec: str) -> Protocol:
+    """A preset name or the path of a protocol JSON file."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise InputError(f"unknown protocol {spec!r}: use one of {', '.join(PRESETS)} or a protocol file")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: not a protocol file: {error}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a protocol file holds a JSON object")
+    base_name = data.pop("base", "verified")
+    if base_name not in PRESETS:
+        raise InputError(f"{path}: unknown base protocol {base_name!r}")
+    data.setdefault("name", path.stem)
+    return PRESETS[base_name].with_overrides(**data)
+
+
+def parse_protocols(specs: str) -> list[Protocol]:
+    """`original,verified` → both, in the order given, without duplicates."""
+    names = [s.strip() for s in specs.split(",") if s.strip()]
+    if not names:
+        raise InputError("no protocol given")
+    protocols = [get_protocol(name) for name in dict.fromkeys(names)]
+    return protocols

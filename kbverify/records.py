@@ -1,0 +1,101 @@
+"""Frozen records: what a verdict holds. Raw evidence is kept so a verdict can be recomputed (`rejudge`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kbverify.status import Status
+
+
+@dataclass(frozen=True)
+class SetResult:
+    """One input set: how it was drawn and what the comparison found."""
+
+    set_id: str  # "<shape>/<distribution>/<weights>/<seed index>", stable across runs of one protocol
+    shape: str  # "original" or "hidden:<n>"
+    distribution: str
+    weights: str  # "default" | "rerandomized"
+    seed: int
+    valid: bool  # False: the reference itself raised or went non-finite; never counted against a kernel
+    status: Status
+    detail: str = ""
+    errors: dict = field(default_factory=dict)  # error summary (correctness.summarize); raw, unrounded
+    guards: dict = field(default_factory=dict)  # per-set guard evidence (aliasing, mutation, determinism)
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    native_sources: bool  # the source calls load_inline/load/cpp_extension
+    extension_built: bool | None  # None: not attempted (no native code) or unknown
+    extension_called: bool | None  # a built extension's function ran during forward
+    error_class: str | None = None  # "api_drift" | "submission_bug" | "toolchain" | "timeout"
+    error: str = ""
+    triton: bool = False
+    custom_kernels_seen: tuple[str, ...] = ()  # GPU profiler: kernels the submission defines that ran
+
+
+@dataclass(frozen=True)
+class Verdict:
+    task: str  # task key (level/name@hash)
+    task_name: str
+    level: int | None
+    problem_id: int | None
+    submission: str  # submission id (file name or corpus id)
+    submission_sha256: str
+    protocol: str
+    protocol_sha256: str
+    status: Status
+    warnings: tuple[str, ...] = ()
+    message: str = ""
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    speed_class: str | None = None  # faster | slower | same | ambiguous
+    ref_time_ms: float | None = None
+    cand_time_ms: float | None = None
+    sets: tuple[SetResult, ...] = ()
+    timing: dict = field(default_factory=dict)  # raw samples and timing-guard evidence
+    build: BuildRecord | None = None
+    reproducer: dict = field(default_factory=dict)
+    hidden_shapes: str = "none"  # committed | generated | none
+    claimed_speedup: float | None = None
+    sample: int = 0
+    provenance: dict = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def correct(self) -> bool:
+        return self.status is Status.PASSED
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        data = dict(data)
+        data["status"] = Status(data["status"])
+        data["warnings"] = tuple(data.get("warnings", ()))
+        if data.get("speedup_ci") is not None:
+            data["speedup_ci"] = tuple(data["speedup_ci"])
+        data["sets"] = tuple(
+            SetResult(**{**s, "status": Status(s["status"])}) for s in data.get("sets", ())
+        )
+        if data.get("build") is not None:
+            build = dict(data["build"])
+            build["custom_kernels_seen"] = tuple(build.get("custom_kernels_seen", ()))
+            data["build"] = BuildRecord(**build)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _plain(value):
+    """asdict leaves enums and tuples; JSON wants strings and lists."""
+    if isinstance(value, Status):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value

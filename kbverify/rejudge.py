@@ -1,0 +1,50 @@
+"""Recompute a stored verdict under another protocol's rules from its raw evidence alone (no GPU, no code run).
+
+Only what was measured can be rejudged: sets the new protocol does not ask for are dropped, sets it asks for that
+were never run make the verdict `unverifiable` rather than silently passing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kbverify.protocols import Protocol
+from kbverify.records import SetResult, Verdict
+from kbverify.runner import aggregate_sets, decide_set, decide_timing
+from kbverify.status import Status
+
+_VERDICT_LEVEL = {Status.COMPILE_ERROR, Status.EXPLOIT_TAMPER, Status.CRASHED, Status.TIMEOUT}
+
+
+def _wanted(result: SetResult, protocol: Protocol) -> bool:
+    if result.distribution not in protocol.distributions:
+        return False
+    if result.shape != "original" and not protocol.hidden_shapes:
+        return False
+    return result.weights == "default" or protocol.rerandomized_weights
+
+
+def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
+    if not verdict.sets:
+        return None
+    if not protocol.isolated:
+        return None
+    kept = [s for s in verdict.sets if _wanted(s, protocol)]
+    missing = set(protocol.distributions) - {s.distribution for s in verdict.sets}
+    base = dataclasses.replace(verdict, protocol=protocol.name, protocol_sha256=protocol.sha256)
+    if verdict.status in _VERDICT_LEVEL:
+        return base
+    if missing:
+        return dataclasses.replace(base, status=Status.UNVERIFIABLE,
+                                   message=f"never measured: distributions {sorted(missing)}")
+    rejudged = []
+    for result in kept:
+        ref = {"valid": result.valid, **result.errors}
+        status, detail = decide_set(result.guards or None, ref, protocol, {})
+        rejudged.append(dataclasses.replace(result, status=status, detail=detail))
+    status, message, _ = aggregate_sets(rejudged, protocol)
+    new = dataclasses.replace(base, status=status, message=message, sets=tuple(rejudged),
+                              speedup=None, speedup_ci=None, speed_class=None)
+    if status is Status.PASSED and verdict.timing.get("interleaved"):
+        new = decide_timing(new, protocol)
+    return new

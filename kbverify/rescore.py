@@ -1,0 +1,183 @@
+"""Re-scoring a published run: every entry × protocol is one unit of work, stored as it finishes.
+
+Native builds are made first, in parallel on the CPU cores, keyed by content hash; then one worker thread per
+device takes units from a shared queue (each unit runs in its own sandboxed children). A killed run resumes: units
+already in the store are skipped, and a unit is written in one transaction, so nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from kbverify import provenance as provenance_module
+from kbverify.errors import InfrastructureError
+from kbverify.importers import Entry
+from kbverify.protocols import Protocol
+from kbverify.records import Verdict
+from kbverify.runner import CheckOptions, build_env, check
+from kbverify.sandbox import run_child
+from kbverify.static import scan
+from kbverify.status import Status, Warn
+from kbverify.store import Store
+
+log = logging.getLogger(__name__)
+
+BUILD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Unit:
+    key: str
+    entry: Entry
+    protocol: Protocol
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    skipped: int
+    eta_s: float | None
+    last: str
+
+
+@dataclass(frozen=True)
+class RescoreSummary:
+    units: int
+    evaluated: int
+    resumed: int
+    errors: tuple[str, ...]
+    wall_s: float
+
+
+def unit_key(entry: Entry, protocol: Protocol) -> str:
+    parts = [entry.entry_id, str(entry.sample), protocol.sha256,
+             entry.task.sha256 if entry.task else "-", entry.submission.sha256 if entry.submission else "-"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def plan_units(entries: list[Entry], protocols: list[Protocol]) -> list[Unit]:
+    return [Unit(unit_key(entry, protocol), entry, protocol) for entry in entries for protocol in protocols]
+
+
+def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
+    task = entry.task
+    return Verdict(task=task.key if task else f"level{entry.level}/{entry.problem_id}", task_name=task.name if task else
+                   str(entry.problem_id), level=entry.level, problem_id=entry.problem_id, submission=entry.entry_id,
+                   submission_sha256=entry.submission.sha256 if entry.submission else "", protocol=protocol.name,
+                   protocol_sha256=protocol.sha256, status=Status.UNVERIFIABLE, message=entry.unverifiable or "",
+                   claimed_speedup=entry.claimed_speedup, sample=entry.sample)
+
+
+def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None) -> dict[str, dict]:
+    """Run each native submission's module level once, in parallel, so later evaluation finds its build cached."""
+    unique = {}
+    for entry in entries:
+        if entry.submission and scan(entry.submission.source).native_sources:
+            unique.setdefault(entry.submission.sha256, entry.submission)
+    if not unique:
+        return {}
+    workers = workers or max(1, os.cpu_count() or 1)
+    log.info("prebuilding %d native submissions on %d workers", len(unique), workers)
+
+    def build(submission):
+        outcome = run_child("build", {"submission_source": submission.source, "device": options.device},
+                            timeout_s=BUILD_TIMEOUT_S, device=options.device, env=build_env(submission, options))
+        return submission.sha256, (outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
+                                                      else f"build process died (exit {outcome.exit_code})"})
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(build, unique.values()))
+
+
+def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
+            options: CheckOptions, progress: Callable[[Progress], None] | None = None,
+            build_workers: int | None = None, arguments: dict | None = None) -> RescoreSummary:
+    started = time.monotonic()
+    store.begin_run(run_id, provenance_module.collect(devices[0]), arguments or {},
+                    allow_mixed=bool((arguments or {}).get("allow_mixed")))
+    units = plan_units(entries, protocols)
+    todo = [unit for unit in units if not store.has(unit.key)]
+    resumed = len(units) - len(todo)
+    lock = threading.Lock()
+    for unit in [u for u in todo if not u.entry.verifiable]:
+        with lock:
+            store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
+    todo = [u for u in todo if u.entry.verifiable]
+    if todo:
+        prebuild([u.entry for u in todo], dataclasses.replace(options, device=devices[0]), workers=build_workers)
+    work: queue.Queue = queue.Queue()
+    for unit in todo:
+        work.put(unit)
+    errors: list[str] = []
+    done = [0]
+    durations: list[float] = []
+
+    def worker(device: str) -> None:
+        device_options = dataclasses.replace(options, device=device)
+        while True:
+            try:
+                unit = work.get_nowait()
+            except queue.Empty:
+                return
+            unit_started = time.monotonic()
+            try:
+                verdict = evaluate_unit(unit, device_options, store, lock)
+            except InfrastructureError as error:
+                with lock:
+                    errors.append(f"{unit.entry.entry_id} [{unit.protocol.name}]: {error}")
+                log.error("infrastructure error on %s: %s", unit.entry.entry_id, error)
+                continue
+            with lock:
+                store.put(unit.key, run_id, verdict)
+                done[0] += 1
+                durations.append(time.monotonic() - unit_started)
+                remaining = len(todo) - done[0] - len(errors)
+                eta = (sum(durations) / len(durations)) * remaining / max(1, len(devices)) if durations else None
+                if progress:
+                    progress(Progress(done[0], len(todo), resumed, eta,
+                                      f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}"))
+
+    threads = [threading.Thread(target=worker, args=(device,), daemon=True) for device in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return RescoreSummary(units=len(units), evaluated=done[0], resumed=resumed, errors=tuple(errors),
+                          wall_s=time.monotonic() - started)
+
+
+class _LockedCache:
+    """The store's A/A margin cache, shared by device threads."""
+
+    def __init__(self, store: Store, lock: threading.Lock):
+        self.store, self.lock = store, lock
+
+    def get(self, key):
+        with self.lock:
+            return self.store.cache_get(key)
+
+    def put(self, key, value):
+        with self.lock:
+            self.store.cache_put(key, value)
+
+
+def evaluate_unit(unit: Unit, options: CheckOptions, store: Store | None = None,
+                  lock: threading.Lock | None = None) -> Verdict:
+    entry = unit.entry
+    cache = _LockedCache(store, lock) if store is not None and lock is not None else None
+    verdict = check(entry.task, entry.submission, unit.protocol, options, sample=entry.sample,
+                    claimed_speedup=entry.claimed_speedup, margin_cache=cache)
+    verdict = dataclasses.replace(verdict, submission=entry.entry_id)
+    if entry.modified_reference:
+        verdict = dataclasses.replace(verdict, warnings=verdict.warnings + (Warn.MODIFIED_REFERENCE.value,))
+    return verdict

@@ -1,0 +1,502 @@
+"""One (task, submission, protocol) → one Verdict. The parent side: it plans, starts children, and turns their raw
+records into statuses. It never imports a submission.
+
+Deciding is separate from running: `decide_isolated` and `decide_timing` read only stored raw records, so
+`rejudge` reaches the same verdicts from a store without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kbverify import provenance as provenance_module
+from kbverify import stats
+from kbverify.correctness import judge_set
+from kbverify.errors import InfrastructureError
+from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
+from kbverify.protocols import Protocol
+from kbverify.records import BuildRecord, SetResult, Verdict
+from kbverify.sandbox import ChildOutcome, run_child
+from kbverify.static import StaticScan, classify_build_error, scan
+from kbverify.status import Status, Warn, worst
+from kbverify.submissions import Submission
+from kbverify.tasks import Task
+
+log = logging.getLogger(__name__)
+
+EXCESSIVE_SPEEDUP = 10.0
+IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
+BASELINE_SLOWDOWN_LIMIT = 1.5
+UNSYNC_GAP_FRACTION = 0.2
+UNSYNC_GAP_MIN_MS = 0.02
+_SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
+                  "float32_matmul_precision": "highest"}
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    device: str = "cpu"
+    hidden_dirs: tuple[Path, ...] = ()
+    only: str | None = None
+    timeout_s: float = 300.0
+    secret: str | None = None
+    measure_speed: bool = True
+    build_cache: Path | None = None
+    keep_workdirs: bool = False
+
+
+@dataclass
+class _Context:
+    task: Task
+    submission: Submission
+    protocol: Protocol
+    options: CheckOptions
+    static: StaticScan
+    env: dict = field(default_factory=dict)
+
+
+def default_build_cache() -> Path:
+    return Path(os.environ.get("KBVERIFY_CACHE", Path.home() / ".cache" / "kbverify")) / "builds"
+
+
+def build_env(submission: Submission, options: CheckOptions) -> dict:
+    """Builds are keyed by the submission's content hash: same-named extensions of two submissions never meet."""
+    root = (options.build_cache or default_build_cache()) / submission.sha256[:20]
+    root.mkdir(parents=True, exist_ok=True)
+    env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
+           "MAX_JOBS": os.environ.get("MAX_JOBS", str(max(1, os.cpu_count() or 1)))}
+    if not options.device.startswith("cuda"):
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def check(task: Task, submission: Submission, protocol: Protocol, options: CheckOptions, *,
+          sample: int = 0, claimed_speedup: float | None = None, margin_cache=None) -> Verdict:
+    started = time.monotonic()
+    context = _Context(task, submission, protocol, options, scan(submission.source),
+                       build_env(submission, options))
+    if protocol.isolated:
+        verdict = _check_isolated(context, margin_cache)
+    else:
+        verdict = _check_kernelbench(context)
+    return dataclasses.replace(
+        verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
+        provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
+
+
+def _base_verdict(context: _Context, status: Status, **fields) -> Verdict:
+    task, submission, protocol = context.task, context.submission, context.protocol
+    return Verdict(task=task.key, task_name=task.name, level=task.level, problem_id=task.problem_id,
+                   submission=submission.id, submission_sha256=submission.sha256, protocol=protocol.name,
+                   protocol_sha256=protocol.sha256, status=status, **fields)
+
+
+def _payload(context: _Context, **extra) -> dict:
+    return {"task_source": context.task.source, "task_name": context.task.name,
+            "submission_source": context.submission.source, "device": context.options.device, **extra}
+
+
+def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
+    outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
+                        env=context.env, keep_dir=context.options.keep_workdirs)
+    if outcome.result and "infrastructure_error" in outcome.result:
+        raise InfrastructureError(f"{job} worker failed: {outcome.result['infrastructure_error']}")
+    return outcome
+
+
+def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
+    """A child that did not report: blame the candidate only if it was running candidate code."""
+    where = outcome.last_phase or "start-up"
+    if outcome.timed_out:
+        status = Status.TIMEOUT if where.startswith("candidate") or party == "candidate" else Status.UNVERIFIABLE
+        return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
+    detail = f"{party} process died during {where} (exit code {outcome.exit_code})"
+    tail = (outcome.output_tail or outcome.output_head).strip().splitlines()[-3:]
+    if tail:
+        detail += ": " + " | ".join(tail)[-400:]
+    if where.startswith("candidate") or (party == "candidate" and not where.startswith("reference")):
+        return Status.CRASHED, detail
+    if not where:
+        raise InfrastructureError(f"the {party} worker died before it started: {detail}")
+    return Status.UNVERIFIABLE, detail
+
+
+def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
+    extensions = extensions or {}
+    attempts = extensions.get("attempts", 0)
+    built = extensions.get("built", 0) > 0 if attempts else (None if not static.native_sources else False)
+    errors = extensions.get("errors") or []
+    error = errors[-1] if errors else ""
+    return BuildRecord(native_sources=static.native_sources, extension_built=built,
+                       extension_called=(extensions.get("calls", 0) > 0) if built else None,
+                       error_class=classify_build_error(error) if error else None, error=error[-3000:],
+                       triton=static.triton)
+
+
+def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
+    warnings = []
+    if static.native_sources and not build.extension_built:
+        warnings.append(Warn.EXTENSION_NOT_BUILT.value)
+    if not static.has_custom_code or (build.extension_built and build.extension_called is False and not static.triton):
+        warnings.append(Warn.PYTORCH_ONLY.value)
+    return warnings
+
+
+# ---- original: KernelBench v0.1 --------------------------------------------------------------------------
+
+def _check_kernelbench(context: _Context) -> Verdict:
+    protocol = context.protocol
+    common = {"trials": protocol.trials, "timing_trials": protocol.timing_trials, "warmup_calls": protocol.warmup_calls,
+              "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
+              "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
+              "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    evaluation = _run(context, "kernelbench_eval", _payload(context, **common))
+    if evaluation.died:
+        status, detail = _died(evaluation, "candidate")
+        return _base_verdict(context, status, message=detail,
+                             build=_build_record(context.static, None),
+                             warnings=tuple(code_path_warnings(context.static, _build_record(context.static, None))))
+    record = evaluation.result
+    build = _build_record(context.static, record.get("extensions"))
+    warnings = code_path_warnings(context.static, build)
+    if record.get("namespace_rebind"):
+        warnings.append(Warn.NAMESPACE_REBIND.value)
+    status, message = _kernelbench_status(record)
+    timing = {"kernelbench": {key: record.get(key) for key in ("times_ms", "runtime_stats", "runtime_ms",
+                                                                "input_shapes", "error_during_performance")},
+              "trials": record.get("trials"), "namespace_rebind": record.get("namespace_rebind")}
+    speedup = ref_ms = cand_ms = None
+    if status is Status.PASSED and record.get("runtime_ms"):
+        baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
+        if baseline.died or "runtime_ms" not in (baseline.result or {}):
+            status, message = Status.UNVERIFIABLE, "the reference could not be timed: " + _died(baseline, "reference")[1]
+        else:
+            timing["baseline"] = baseline.result
+            ref_ms, cand_ms = baseline.result["runtime_ms"], record["runtime_ms"]
+            speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
+            if speedup > EXCESSIVE_SPEEDUP:
+                warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
+            if baseline.result.get("input_shapes") != record.get("input_shapes"):
+                timing["input_shapes_differ"] = True
+    return _base_verdict(context, status, message=message, warnings=tuple(dict.fromkeys(warnings)),
+                         speedup=speedup, ref_time_ms=ref_ms, cand_time_ms=cand_ms, timing=timing, build=build,
+                         reproducer={"protocol": context.protocol.name, "seed": 42})
+
+
+def _kernelbench_status(record: dict) -> tuple[Status, str]:
+    if not record.get("compiled"):
+        return Status.COMPILE_ERROR, record.get("compilation_error", "")
+    if record.get("runtime_error"):
+        return Status.RUNTIME_ERROR, record["runtime_error"]
+    if record.get("correctness_issue") == "shape_mismatch":
+        shape = next((t["shape_mismatch"] for t in record.get("trials", []) if "shape_mismatch" in t), "")
+        return Status.SHAPE_MISMATCH, shape
+    if not record.get("correctness"):
+        failed = [t for t in record.get("trials", []) if not t.get("passed")]
+        detail = f"{record.get('correctness_trials', '')} trials passed"
+        if failed:
+            detail += f"; max difference {failed[0].get('max_difference')}"
+        return Status.INCORRECT, detail
+    if record.get("error_during_performance"):
+        return Status.RUNTIME_ERROR, "failed while timed: " + record["error_during_performance"]
+    return Status.PASSED, ""
+
+
+# ---- isolated: kbv, verified -------------------------------------------------------------------------------
+
+def _shapes(context: _Context) -> tuple[list[tuple[str, dict]], str]:
+    shapes: list[tuple[str, dict]] = [("original", {})]
+    if not context.protocol.hidden_shapes:
+        return shapes, "none"
+    from kbverify import hidden
+
+    hidden_shapes, origin = hidden.shapes_for(context.task, list(context.options.hidden_dirs))
+    shapes += [(shape.label, dict(shape.overrides)) for shape in hidden_shapes]
+    return shapes, origin
+
+
+def plan_for(context: _Context, secret: str) -> tuple[list[InputSet], str]:
+    shapes, origin = _shapes(context)
+    plan = plan_input_sets(context.protocol, shapes, secret=secret)
+    if context.options.only:
+        plan = [s for s in plan if s.set_id == context.options.only or s.set_id.startswith(context.options.only)]
+    return plan, origin
+
+
+def _check_isolated(context: _Context, margin_cache) -> Verdict:
+    protocol, options = context.protocol, context.options
+    secret = options.secret or new_run_secret()
+    plan, origin = plan_for(context, secret)
+    sets = [s.to_dict() for s in plan]
+    outdir = tempfile.mkdtemp(prefix="kbverify-outputs-")
+    try:
+        flags = {"train_mode": protocol.train_mode, "guards": protocol.guards, "sets": sets, "outdir": outdir}
+        candidate = _run(context, "candidate", _payload(context, **flags))
+        if candidate.died:
+            status, detail = _died(candidate, "candidate")
+            build = _build_record(context.static, None)
+            return _base_verdict(context, status, message=detail, build=build, hidden_shapes=origin,
+                                 warnings=tuple(code_path_warnings(context.static, build)),
+                                 reproducer=_reproducer(protocol, secret, None))
+        judge_payload = _payload(context, submission_source="", **flags,
+                                 reference_tf32=protocol.reference_tf32,
+                                 reference_cudnn_tf32=protocol.reference_cudnn_tf32,
+                                 baseline_tf32=protocol.rule == "verified")
+        judge = _run(context, "judge", judge_payload)
+        if judge.died:
+            status, detail = _died(judge, "reference")
+            return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
+                                 hidden_shapes=origin)
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+    set_results = merge_set_records(plan, candidate.result, judge.result, protocol)
+    build = _build_record(context.static, candidate.result.get("extensions"))
+    verdict = decide_isolated(context, set_results, candidate.result, build, origin, secret)
+    if verdict.status is Status.PASSED and options.measure_speed:
+        verdict = _time_isolated(context, verdict, secret, margin_cache)
+    return verdict
+
+
+def _reproducer(protocol: Protocol, secret: str, failing: SetResult | None) -> dict:
+    reproducer = {"protocol": protocol.name, "protocol_sha256": protocol.sha256, "secret": secret}
+    if failing is not None:
+        reproducer.update({"set": failing.set_id, "seed": failing.seed, "shape": failing.shape,
+                           "distribution": failing.distribution, "weights": failing.weights,
+                           "worst": (failing.errors.get("comparison", {}).get("outputs") or [{}])[0].get("worst")})
+    return reproducer
+
+
+def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protocol: Protocol) -> list[SetResult]:
+    """Join each set's candidate-side guard evidence with the judge's comparison; decide its status."""
+    results = []
+    for input_set in plan:
+        cand = (candidate.get("sets") or {}).get(input_set.set_id)
+        ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
+        errors = {key: ref[key] for key in ("comparison", "baseline", "ref_mutates_inputs", "ref_outputs",
+                                            "ref_dtypes", "invalid_reason") if key in ref}
+        valid = bool(ref.get("valid")) and not (cand or {}).get("input_error")
+        base = dict(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
+                    weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
+                    guards=cand or {})
+        status, detail = decide_set(cand, ref, protocol, candidate)
+        results.append(SetResult(status=status, detail=detail, **base))
+    return results
+
+
+def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_record: dict) -> tuple[Status, str]:
+    if candidate_record.get("load_error"):
+        return Status.COMPILE_ERROR, candidate_record["load_error"]
+    if cand is None:
+        if candidate_record.get("fatal"):
+            return Status.CRASHED, "not run: an earlier set ended the CUDA context: " + candidate_record["fatal"]
+        return Status.UNVERIFIABLE, "not run"
+    if "skipped" in cand:
+        reason = cand["skipped"]
+        if reason.startswith("construct_error"):
+            return Status.RUNTIME_ERROR, reason
+        return Status.UNVERIFIABLE, reason
+    if "error" in cand and "outputs" not in cand:
+        if not ref.get("valid"):
+            return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
+        return (Status.CRASHED if cand.get("fatal") else Status.RUNTIME_ERROR), cand["error"]
+    outputs = cand.get("outputs", {})
+    if protocol.guards:
+        if outputs.get("lazy"):
+            return Status.EXPLOIT_LAZY_OUTPUT, f"output is a {outputs['lazy'][0]['type']}, not a torch.Tensor"
+        if outputs.get("no_storage"):
+            return Status.EXPLOIT_LAZY_OUTPUT, "output tensor has no storage"
+        mutated = set(cand.get("mutated_inputs") or []) - set(ref.get("ref_mutates_inputs") or [])
+        if mutated:
+            return Status.EXPLOIT_INPUT_MUTATION, f"input(s) {sorted(mutated)} changed during the call"
+        ref_aliases = {(a["output"], a["input"]) for a in (ref.get("ref_outputs") or {}).get("aliases_input", [])}
+        aliases = [a for a in outputs.get("aliases_input", []) if (a["output"], a["input"]) not in ref_aliases]
+        if aliases:
+            return Status.EXPLOIT_OUTPUT_ALIAS, f"output {aliases[0]['output']} shares memory with input {aliases[0]['input']}"
+        if "error" in cand:
+            return (Status.CRASHED if cand.get("fatal") else Status.RUNTIME_ERROR), "second run: " + cand["error"]
+    if not ref.get("valid"):
+        return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
+    if "comparison" not in ref:
+        return Status.UNVERIFIABLE, "no candidate output to compare"
+    outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol)
+    if outcome == "shape_mismatch":
+        return Status.SHAPE_MISMATCH, detail
+    if outcome == "incorrect":
+        return Status.INCORRECT, detail
+    if protocol.guards and cand.get("deterministic") is False:
+        return Status.EXPLOIT_NONDETERMINISTIC, cand.get("determinism_detail", "")
+    return Status.PASSED, "baseline allowance used" if allowance else ""
+
+
+def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, build: BuildRecord, origin: str,
+                    secret: str) -> Verdict:
+    protocol = context.protocol
+    warnings = code_path_warnings(context.static, build)
+    warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
+    if candidate.get("load_error"):
+        return _base_verdict(context, Status.COMPILE_ERROR, message=candidate["load_error"], build=build,
+                             warnings=tuple(warnings), hidden_shapes=origin, sets=tuple(sets),
+                             reproducer=_reproducer(protocol, secret, None))
+    if protocol.guards and candidate.get("tampered"):
+        return _base_verdict(context, Status.EXPLOIT_TAMPER, build=build, warnings=tuple(warnings), sets=tuple(sets),
+                             message="replaced harness functions: " + ", ".join(candidate["tampered"][:6]),
+                             hidden_shapes=origin, reproducer=_reproducer(protocol, secret, None))
+    if candidate.get("threads_started", 0) > 0:
+        warnings.append(Warn.THREADS_STARTED.value)
+    status, message, failing = aggregate_sets(sets, protocol)
+    if status is Status.PASSED and any("allowance" in s.detail for s in sets):
+        warnings.append(Warn.BASELINE_ALLOWANCE_USED.value)
+    if status is Status.PASSED and not any(s.valid for s in sets):
+        status, message = Status.UNVERIFIABLE, "no valid input set: the reference fails on all of them"
+        warnings.append(Warn.NO_VALID_INPUT_SETS.value)
+    if status is Status.PASSED and message.startswith("shape_specialized"):
+        warnings.append(Warn.SHAPE_SPECIALIZED.value)
+    return _base_verdict(context, status, message=message, build=build, warnings=tuple(dict.fromkeys(warnings)),
+                         sets=tuple(sets), hidden_shapes=origin, reproducer=_reproducer(protocol, secret, failing))
+
+
+def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, str, SetResult | None]:
+    counted = [s for s in sets if s.valid or s.status is not Status.PASSED]
+    failures = [s for s in counted if s.status is not Status.PASSED]
+    if not failures:
+        return Status.PASSED, "", None
+    original_failures = [s for s in failures if s.shape == "original"]
+    if not original_failures and all(not s.status.is_exploit for s in failures):
+        first = failures[0]
+        message = f"shape_specialized: fails hidden shape {first.shape} ({first.set_id}): {first.detail}"
+        if protocol.shape_specialized_fails:
+            return Status.SHAPE_SPECIALIZED, message, first
+        return Status.PASSED, message, first
+    status = worst(s.status for s in failures)
+    first = next(s for s in failures if s.status is status)
+    return status, f"{first.set_id}: {first.detail}", first
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+
+def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cache) -> Verdict:
+    protocol = context.protocol
+    payload = _payload(context, secret=secret, budget_s=protocol.timing_budget_s,
+                       ci_half_width=protocol.ci_half_width, train_mode=protocol.train_mode,
+                       baseline_matmul_tf32=protocol.baseline_matmul_tf32,
+                       baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
+                       candidate_grad_enabled=protocol.candidate_grad_enabled)
+    timed = _run(context, "timing", payload)
+    if timed.died:
+        status, detail = _died(timed, "candidate")
+        return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
+    record = timed.result
+    if record.get("load_error") or record.get("error"):
+        return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR,
+                                   message="while timed: " + (record.get("load_error") or record.get("error")))
+    clean = None
+    if protocol.guards:
+        clean_outcome = _run(context, "reference_timing",
+                             {**payload, "submission_source": "", "budget_s": max(0.5, protocol.timing_budget_s / 2)})
+        clean = None if clean_outcome.died else clean_outcome.result
+    margin = _noise_margin(context, clean, margin_cache)
+    timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
+              "device": context.options.device}
+    return decide_timing(dataclasses.replace(verdict, timing=timing), protocol)
+
+
+def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
+    key = f"aa-margin|{context.task.sha256}|{provenance_module.compat_key(provenance_module.collect(context.options.device))}"
+    if margin_cache is not None:
+        cached = margin_cache.get(key)
+        if cached is not None:
+            return float(cached)
+    if clean is None or not clean.get("rounds"):
+        return stats.DEFAULT_MARGIN if hasattr(stats, "DEFAULT_MARGIN") else 0.01
+    rounds = [(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]]
+    margin = float(stats.noise_margin_from_aa(rounds))
+    if margin_cache is not None:
+        margin_cache.put(key, margin)
+    return margin
+
+
+def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
+    """Speedup, CI, speed class and the timing guards, from the raw record alone."""
+    record = verdict.timing["interleaved"]
+    clean = verdict.timing.get("clean_reference")
+    on_gpu = str(verdict.timing.get("device", "cpu")).startswith("cuda")
+    rounds = [(r["ref_ms"], r["cand_ms"]) for r in record.get("rounds", [])]
+    if not rounds:
+        return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
+    estimate = stats.paired_speedup(rounds)
+    margin = float(verdict.timing.get("noise_margin", 0.01))
+    warnings = list(verdict.warnings)
+    ref_ms = _median([t for r in rounds for t in r[0]])
+    cand_ms = _median([t for r in rounds for t in r[1]])
+    status, message = verdict.status, verdict.message
+    if protocol.guards:
+        status, message, extra = _timing_guards(record, clean, on_gpu, ref_ms, cand_ms)
+        warnings += extra
+        if status is Status.PASSED:
+            status, message = verdict.status, verdict.message
+    if estimate.speedup > EXCESSIVE_SPEEDUP:
+        warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
+    clocks = [r.get("sm_clock_mhz") for r in record.get("rounds", []) if r.get("sm_clock_mhz")]
+    if clocks and min(clocks) < 0.9 * max(clocks):
+        warnings.append(Warn.THROTTLED.value)
+    return dataclasses.replace(
+        verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
+        speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high),
+        speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
+                   cand_ms: float) -> tuple[Status, str, list[str]]:
+    warnings: list[str] = []
+    if record.get("tampered"):
+        return Status.EXPLOIT_TAMPER, "replaced harness functions: " + ", ".join(record["tampered"][:6]), warnings
+    slowing = [change for change in [record.get("flags_changed_at_import") or {}, *record.get("flags_changed", [])]
+               if any(_SLOWING_FLAGS.get(key) == value for key, value in change.items())]
+    if slowing or record.get("torch_functions_changed"):
+        what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
+        return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
+    stale = record.get("stale") or {}
+    if stale.get("n_mismatches"):
+        first = stale["mismatches"][0]
+        return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed outputs "
+                f"are wrong for their inputs (call {first['call']}: norm-wise error {first['relative_error']:.3g})",
+                warnings)
+    if record.get("n_unsettled"):
+        return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
+                "returned (work still running when the end event was recorded)", warnings)
+    gaps = record.get("gaps_ms") or {}
+    if on_gpu and gaps.get("cand") and gaps.get("ref"):
+        excess = _median(gaps["cand"]) - _median(gaps["ref"])
+        if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
+            return (Status.EXPLOIT_UNSYNCHRONIZED, f"the device kept working {excess:.3f} ms after the end event "
+                    f"(reference: {_median(gaps['ref']):.3f} ms)", warnings)
+    threads = (record.get("threads_started") or {}).get("cand", 0)
+    if threads > 0:
+        warnings.append(Warn.THREADS_STARTED.value)
+    if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
+        floor_ms = record["input_bytes"] / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
+        if cand_ms < IMPOSSIBLE_MARGIN * floor_ms:
+            return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
+                    f"once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
+    if on_gpu and clean and clean.get("rounds"):
+        clean_ms = _median([t for r in clean["rounds"] for t in r["ref_ms"]])
+        if clean_ms > 0 and ref_ms / clean_ms > BASELINE_SLOWDOWN_LIMIT:
+            return (Status.EXPLOIT_BASELINE_TAMPER, f"the reference ran {ref_ms / clean_ms:.2f}× slower beside the "
+                    f"candidate ({ref_ms:.4f} ms) than in a clean process ({clean_ms:.4f} ms)", warnings)
+    return Status.PASSED, "", warnings
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

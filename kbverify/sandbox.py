@@ -1,0 +1,187 @@
+"""Child processes for untrusted work: own process group, hard timeout, bounded output, own temp dir and home.
+
+Children fork from a forkserver that has torch imported but CUDA untouched, so a worker starts in tens of
+milliseconds instead of the seconds a fresh interpreter needs to import torch (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbverify.errors import InfrastructureError
+
+log = logging.getLogger(__name__)
+
+OUTPUT_HEAD_BYTES = 16 * 1024
+OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only head and tail are kept
+_POLL_S = 0.05
+
+_context = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        try:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["torch", "kbverify.worker"])
+        except ValueError:  # platforms without forkserver
+            context = multiprocessing.get_context("spawn")
+        _context = context
+    return _context
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    result: dict | None  # what the child wrote; None when it died first
+    exit_code: int | None
+    timed_out: bool
+    last_phase: str  # the phase the child announced last ("" if none)
+    output_head: str
+    output_tail: str
+    output_bytes: int
+    wall_s: float
+
+    @property
+    def died(self) -> bool:
+        return self.result is None
+
+
+def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
+              env: dict | None = None, keep_dir: bool = False) -> ChildOutcome:
+    """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"kbverify-{job}-"))
+    child_env = dict(env or {})
+    child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(device)
+    started = time.monotonic()
+    try:
+        process = _forkserver().Process(target=_child_main, args=(job, payload, str(workdir), child_env),
+                                        daemon=False)
+        process.start()
+    except OSError as error:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise InfrastructureError(f"cannot start a worker process: {error}") from None
+    log_path = workdir / "output.log"
+    head = b""
+    dropped = 0
+    timed_out = False
+    while process.is_alive():
+        process.join(_POLL_S)
+        head, dropped = _bound_log(log_path, head, dropped)
+        if time.monotonic() - started > timeout_s and process.is_alive():
+            timed_out = True
+            break
+    _kill_group(process.pid)
+    process.join(5)
+    wall_s = time.monotonic() - started
+    head, dropped = _bound_log(log_path, head, dropped)
+    tail = _read_tail(log_path, head)
+    result = None if timed_out else _read_json(workdir / "result.json")
+    phase_file = workdir / "phase"
+    last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
+    outcome = ChildOutcome(result=result, exit_code=process.exitcode, timed_out=timed_out, last_phase=last_phase,
+                           output_head=head.decode(errors="replace"), output_tail=tail,
+                           output_bytes=dropped + (log_path.stat().st_size if log_path.exists() else 0),
+                           wall_s=wall_s)
+    if not keep_dir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return outcome
+
+
+def _visible_devices(device: str) -> str:
+    if device.startswith("cuda"):
+        _, _, index = device.partition(":")
+        return index or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    return ""
+
+
+def _kill_group(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _bound_log(path: Path, head: bytes, dropped: int) -> tuple[bytes, int]:
+    """Keep the first OUTPUT_HEAD_BYTES forever and let the file grow to the cap, then cut it (O_APPEND)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return head, dropped
+    if len(head) < OUTPUT_HEAD_BYTES and size > len(head):
+        with open(path, "rb") as handle:
+            head = handle.read(OUTPUT_HEAD_BYTES)
+    if size > OUTPUT_CAP_BYTES:
+        os.truncate(path, 0)
+        dropped += size
+    return head, dropped
+
+
+def _read_tail(path: Path, head: bytes, limit: int = OUTPUT_HEAD_BYTES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            tail = handle.read()
+    except FileNotFoundError:
+        return ""
+    if tail == head[-len(tail):] and len(tail) <= len(head):
+        return ""
+    return tail.decode(errors="replace")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _child_main(job: str, payload: dict, workdir: str, env: dict) -> None:
+    """Runs in the child: isolate, redirect output, run the job, write the result atomically, exit hard."""
+    os.setsid()
+    fd = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for sub in ("home", "tmp"):
+        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
+    os.environ.update(env)
+    os.environ["HOME"] = os.path.join(workdir, "home")
+    os.environ["TMPDIR"] = os.path.join(workdir, "tmp")
+    tempfile.tempdir = None
+    os.chdir(workdir)
+    from kbverify import worker
+
+    code = 0
+    try:
+        result = worker.run_job(job, payload, workdir=workdir)
+    except BaseException as error:  # an infrastructure failure inside our own worker code
+        result = {"infrastructure_error": f"{type(error).__name__}: {error}"}
+        code = 70
+    tmp = os.path.join(workdir, "result.json.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(result, handle, default=_json_default)
+    os.replace(tmp, os.path.join(workdir, "result.json"))
+    # os._exit: leaked threads or atexit hooks of the submission must not keep the child alive.
+    os._exit(code)
+
+
+def _json_default(value):
+    if isinstance(value, float):
+        return None
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -1,0 +1,83 @@
+"""The closed set of verdict statuses and warning codes (SPEC §10)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    INCORRECT = "incorrect"
+    SHAPE_MISMATCH = "shape_mismatch"
+    SHAPE_SPECIALIZED = "shape_specialized"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    UNVERIFIABLE = "unverifiable"
+    EXPLOIT_INPUT_MUTATION = "exploit:input_mutation"
+    EXPLOIT_OUTPUT_ALIAS = "exploit:output_alias"
+    EXPLOIT_LAZY_OUTPUT = "exploit:lazy_output"
+    EXPLOIT_STALE_OUTPUT = "exploit:stale_output"
+    EXPLOIT_NONDETERMINISTIC = "exploit:nondeterministic"
+    EXPLOIT_UNSYNCHRONIZED = "exploit:unsynchronized"
+    EXPLOIT_TAMPER = "exploit:tamper"
+    EXPLOIT_BASELINE_TAMPER = "exploit:baseline_tamper"
+    EXPLOIT_IMPOSSIBLE_SPEED = "exploit:impossible_speed"
+
+    @property
+    def is_exploit(self) -> bool:
+        return self.value.startswith("exploit:")
+
+    @property
+    def passed(self) -> bool:
+        return self is Status.PASSED
+
+
+# The order in which failures outrank each other when several input sets disagree:
+# an exploit is the most informative finding, a plain wrong answer the least.
+SEVERITY: tuple[Status, ...] = (
+    Status.EXPLOIT_TAMPER,
+    Status.EXPLOIT_BASELINE_TAMPER,
+    Status.EXPLOIT_INPUT_MUTATION,
+    Status.EXPLOIT_OUTPUT_ALIAS,
+    Status.EXPLOIT_LAZY_OUTPUT,
+    Status.EXPLOIT_STALE_OUTPUT,
+    Status.EXPLOIT_UNSYNCHRONIZED,
+    Status.EXPLOIT_NONDETERMINISTIC,
+    Status.EXPLOIT_IMPOSSIBLE_SPEED,
+    Status.CRASHED,
+    Status.TIMEOUT,
+    Status.COMPILE_ERROR,
+    Status.RUNTIME_ERROR,
+    Status.SHAPE_MISMATCH,
+    Status.INCORRECT,
+    Status.SHAPE_SPECIALIZED,
+    Status.UNVERIFIABLE,
+    Status.PASSED,
+)
+
+
+def worst(statuses) -> Status:
+    """The most severe of `statuses` (PASSED when empty)."""
+    rank = {status: index for index, status in enumerate(SEVERITY)}
+    return min(statuses, key=rank.__getitem__, default=Status.PASSED)
+
+
+class Warn(str, enum.Enum):
+    """Structured warnings: the kernel passes, flagged."""
+
+    PYTORCH_ONLY = "pytorch_only"
+    EXTENSION_NOT_BUILT = "extension_not_built"
+    EXCESSIVE_SPEEDUP = "excessive_speedup"
+    NAMESPACE_REBIND = "namespace_rebind"
+    WEIGHTS_NOT_RERANDOMIZED = "weights_not_rerandomized"
+    MODIFIED_REFERENCE = "modified_reference"
+    THROTTLED = "throttled"
+    SHAPE_SPECIALIZED = "shape_specialized"
+    FP16_PATH = "fp16_path"
+    BELOW_FLOPS_FLOOR = "below_flops_floor"
+    THREADS_STARTED = "threads_started"
+    STATIC_SUSPICIOUS = "static_suspicious"
+    BASELINE_ALLOWANCE_USED = "baseline_allowance_used"
+    NO_VALID_INPUT_SETS = "no_valid_input_sets"

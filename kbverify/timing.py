@@ -1,0 +1,370 @@
+"""Timing in the worker: raw samples only; every statistic is recomputed by the parent (SPEC §5).
+
+Interleaved method: rounds in which the reference and the candidate each make a few calls, in a random order per
+round. Every call gets a new input draw made outside the timed pair (sometimes copied into the previous call's
+tensors, which defeats pointer-keyed caches), the L2 is flushed before it, and the CUDA events sit stream-ordered
+right around it. Guards ride along: a secret random projection of each output taken stream-ordered right after the
+call and again after a device-wide synchronise; a second end event after that synchronise; thread counts; the
+baseline's flags and torch functions re-checked before every reference call.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from kbverify import guards
+from kbverify.correctness import flatten_outputs
+from kbverify.evaluate import build_reference, shape_namespaces
+from kbverify.inputs import derive_seed, draw_inputs
+from kbverify.precision import assert_baseline_flags, set_tf32, tf32_state
+from kbverify.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
+                             task_from)
+
+EVENT_FLOOR_MS = 0.0005
+CALLS_PER_SIDE = 3
+MAX_ROUNDS = 2000
+STALE_CHECKS = 24
+
+
+class _Side:
+    def __init__(self, name: str, model, namespace: dict, device, secret: str, grad: bool):
+        self.name, self.model, self.namespace, self.device = name, model, namespace, device
+        self.secret, self.grad = secret, grad
+        self.times_ms: list[list[float]] = []
+        self.gaps_ms: list[float] = []
+        self.calls: list[dict] = []
+        self.previous_inputs: list | None = None
+        self.threads_started = 0
+
+    def inputs_for(self, call_index: int) -> tuple[int, list]:
+        seed = derive_seed(self.secret, self.name, "call", call_index)
+        fresh = draw_inputs(self.namespace, seed, self.device)
+        reuse = self.previous_inputs is not None and random.Random(seed).random() < 0.5
+        if reuse and _same_layout(self.previous_inputs, fresh):
+            for old, new in zip(self.previous_inputs, fresh):
+                if isinstance(old, torch.Tensor):
+                    old.copy_(new)
+            fresh = self.previous_inputs
+        self.previous_inputs = fresh
+        return seed, fresh
+
+
+def _same_layout(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor))
+        or (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype)
+        for x, y in zip(a, b))
+
+
+class _Projector:
+    """Secret random projections of a secret sample of each output's elements.
+
+    Four projections estimate the norm-wise error of a timed output against the reference's on the same inputs
+    (mean square of the differences ≈ ‖c − r‖² over the sample), without keeping outputs around; the kernel cannot
+    know which elements are looked at, so a partial or stale result is caught unless nearly all of it is right.
+    """
+
+    COUNT = 4
+    SAMPLE = 1 << 20
+
+    def __init__(self, secret: str, device):
+        self.secret, self.device, self.plans = secret, device, {}
+
+    def _plan(self, index: int, out: torch.Tensor):
+        key = (index, tuple(out.shape))
+        if key not in self.plans:
+            generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.secret, "proj", key))
+            numel = out.numel()
+            count = min(numel, self.SAMPLE)
+            positions = (torch.randperm(numel, generator=generator, device=self.device)[:count] if numel <= 4 * count
+                         else torch.randint(0, numel, (count,), generator=generator, device=self.device))
+            weights = torch.randn((self.COUNT, count), generator=generator, device=self.device, dtype=torch.float64)
+            self.plans[key] = (positions, weights)
+        return self.plans[key]
+
+    def __call__(self, outputs: list) -> list:
+        values = []
+        for index, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor) or out.numel() == 0:
+                continue
+            positions, weights = self._plan(index, out)
+            sample = out.detach().reshape(-1)[positions].double()
+            values.append(torch.cat([weights @ sample, torch.linalg.vector_norm(sample).reshape(1)]))
+        return values
+
+
+def _flush_buffer(device):
+    if device.type != "cuda":
+        return None
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
+    return torch.empty(max(2 * l2_bytes, 64 << 20) // 4, dtype=torch.float32, device=device)
+
+
+def _timed_call(side: _Side, inputs: list, device, flush, projector, before_call=None):
+    """One call: flush, events around the call, projection stream-ordered after it, then a device sync."""
+    if flush is not None:
+        flush.zero_()
+    if before_call is not None:
+        before_call()
+    call_seed = derive_seed(side.secret, "rng", len(side.calls))
+    set_seed(call_seed)
+    threads = guards.thread_count()
+    with torch.set_grad_enabled(side.grad):
+        if device.type == "cuda":
+            start, end, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            start.record()
+            out = side.model(*inputs)
+            end.record()
+            early = projector(flatten_outputs(out))
+            torch.cuda.synchronize(device)
+            after_sync.record()
+            after_sync.synchronize()
+            elapsed = start.elapsed_time(end)
+            side.gaps_ms.append(end.elapsed_time(after_sync))
+        else:
+            started = time.perf_counter_ns()
+            out = side.model(*inputs)
+            elapsed = (time.perf_counter_ns() - started) / 1e6
+            early = projector(flatten_outputs(out))
+    side.threads_started = max(side.threads_started, guards.thread_count() - threads)
+    return max(elapsed, EVENT_FLOOR_MS), out, early
+
+
+def timing_job(payload: dict) -> dict:
+    from kbverify import stats
+
+    device = device_from(payload)
+    task = task_from(payload)
+    secret = payload["secret"]
+    budget_s = float(payload.get("budget_s", 2.0))
+    target = float(payload.get("ci_half_width", 0.005))
+    min_rounds = int(payload.get("min_rounds", 10))
+    max_rounds = int(payload.get("max_rounds", MAX_ROUNDS))
+    train = bool(payload.get("train_mode", True))
+    aa = bool(payload.get("aa", False))
+    record: dict = {"rounds": [], "warnings": []}
+
+    announce("reference:load")
+    namespace = shape_namespaces(task, [{"shape": "original", "overrides": {}}])["original"]
+    set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", True)),
+             cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
+    flags = tf32_state()
+    sensitive = guards.snapshot_sensitive()
+    torch_functions = guards.snapshot_torch_namespace()
+    weight_seed = derive_seed(secret, "timing-weights")
+    reference, _ = build_reference(namespace, weight_seed, "default", device, train)
+
+    if aa:
+        candidate = build_reference(namespace, weight_seed, "default", device, train)[0]
+        watch = None
+    else:
+        announce("candidate:load")
+        watch = ExtensionWatch().install()
+        cand_namespace = {k: v for k, v in namespace.items() if not k.startswith("__")}
+        cand_namespace["__name__"] = "kbverify_submission"
+        try:
+            exec(compile(payload["submission_source"], "<submission>", "exec"), cand_namespace)
+            set_seed(weight_seed)
+            candidate = cand_namespace["ModelNew"](*namespace["get_init_inputs"]())
+            state = reference.state_dict()
+            own = candidate.state_dict()
+            if own.keys() == state.keys() and all(own[k].shape == state[k].shape for k in own):
+                candidate.load_state_dict(state)
+            candidate = candidate.to(device).train(train)
+        except BaseException as error:  # noqa: BLE001
+            return {**record, "load_error": short_error(error)}
+    record["flags_changed_at_import"] = {key: value for key, value in tf32_state().items() if flags.get(key) != value}
+    record["torch_functions_changed"] = guards.torch_namespace_changes(torch_functions)
+
+    sides = {"ref": _Side("ref", reference, namespace, device, secret, grad=False),
+             "cand": _Side("cand", candidate, namespace, device, secret,
+                           grad=bool(payload.get("candidate_grad_enabled", False)))}
+    projector = _Projector(secret, device)
+    flush = _flush_buffer(device)
+    flag_changes: list[dict] = []
+
+    def reassert():
+        now = tf32_state()
+        if now != flags and len(flag_changes) < 5:
+            flag_changes.append({key: value for key, value in now.items() if flags.get(key) != value})
+        assert_baseline_flags(flags)
+
+    announce("timing:warmup")
+    try:
+        _warm_up(sides, device, flush, projector, reassert, seconds=float(payload.get("warmup_s", 0.2)))
+        announce("timing:rounds")
+        order_rng = random.Random(derive_seed(secret, "order"))
+        started = time.monotonic()
+        pending: list = []
+        rounds: list = []
+        while len(rounds) < max_rounds:
+            order = ["ref", "cand"] if order_rng.random() < 0.5 else ["cand", "ref"]
+            round_times: dict = {"ref": [], "cand": []}
+            for name in order:
+                side = sides[name]
+                for _ in range(CALLS_PER_SIDE):
+                    seed, inputs = side.inputs_for(len(side.calls))
+                    elapsed, out, early = _timed_call(side, inputs, device, flush, projector,
+                                                      reassert if name == "ref" else None)
+                    round_times[name].append(elapsed)
+                    side.calls.append({"seed": seed})
+                    if name == "cand":
+                        pending.append((len(side.calls) - 1, out, early))
+                    del out
+                # Outputs are checked after the round's synchronise: work deferred past the call shows up here.
+                if name == "cand":
+                    _settle(pending, projector, sides["cand"], device)
+            rounds.append((round_times["ref"], round_times["cand"]))
+            record["rounds"].append({"order": order, "ref_ms": round_times["ref"], "cand_ms": round_times["cand"],
+                                     "sm_clock_mhz": _sm_clock(device)})
+            elapsed_s = time.monotonic() - started
+            if stats.should_stop(rounds, elapsed_s=elapsed_s, budget_s=budget_s, target_half_width=target,
+                                 min_rounds=min_rounds):
+                break
+        record["timing_s"] = time.monotonic() - started
+        announce("timing:stale-check")
+        record["stale"] = _stale_check(sides["cand"], reference, namespace, device, projector, reassert)
+    except BaseException as error:  # noqa: BLE001 - a candidate failing while timed is a runtime error
+        record["error"] = short_error(error)
+    record["gaps_ms"] = {name: side.gaps_ms for name, side in sides.items()}
+    record["threads_started"] = {name: side.threads_started for name, side in sides.items()}
+    record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
+    record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
+    record["flags_changed"] = flag_changes
+    record["baseline_flags"] = flags
+    record["tampered"] = guards.tampered(sensitive)
+    record["torch_functions_changed"] = sorted(set(record["torch_functions_changed"])
+                                               | set(guards.torch_namespace_changes(torch_functions)))
+    record["extensions"] = watch.record() if watch else None
+    record["input_bytes"] = _input_bytes(namespace, device)
+    record["peak_bandwidth_gbps"] = _bandwidth(device)
+    record.update(_peak_memory(sides, device))
+    return record
+
+
+def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    calls = 0
+    while calls < 3 or time.monotonic() < deadline:
+        for name, side in sides.items():
+            seed = derive_seed(side.secret, name, "warmup", calls)
+            inputs = draw_inputs(side.namespace, seed, device)
+            _timed_call(side, inputs, device, flush, projector, reassert if name == "ref" else None)
+        calls += 1
+        if calls >= 50:
+            break
+    for side in sides.values():
+        side.gaps_ms.clear()
+        side.previous_inputs = None
+
+
+def _settle(pending: list, projector, side: _Side, device) -> None:
+    synchronize(device)
+    for call_index, out, early in pending:
+        late = projector(flatten_outputs(out))
+        changed = any(not torch.equal(a, b) and not bool(torch.isnan(a).any() and torch.isnan(b).any())
+                      for a, b in zip(early, late))
+        side.calls[call_index]["projection"] = [v.tolist() for v in late]
+        if changed:
+            side.calls[call_index]["unsettled"] = True
+    pending.clear()
+
+
+STALE_NORM_LIMIT = 5e-3  # honest TF32-level errors estimate ≈ 1e-3; a replayed or partial result is far above
+
+
+def _stale_check(side: _Side, reference, namespace, device, projector, reassert) -> dict:
+    """Recompute the reference on the inputs of sampled timed candidate calls (the last ones always)."""
+    indices = list(range(len(side.calls)))
+    if not indices:
+        return {"checked": 0, "mismatches": [], "n_mismatches": 0}
+    rng = random.Random(derive_seed(side.secret, "stale"))
+    chosen = sorted(set(indices[-4:]) | set(rng.sample(indices, min(STALE_CHECKS, len(indices)))))
+    mismatches = []
+    checked = 0
+    for index in chosen:
+        call = side.calls[index]
+        if "projection" not in call:
+            continue
+        checked += 1
+        inputs = draw_inputs(namespace, call["seed"], device)
+        reassert()
+        set_seed(derive_seed(side.secret, "rng", index))
+        with torch.no_grad():
+            expected = projector(flatten_outputs(reference(*inputs)))
+        synchronize(device)
+        for got, want in zip(call["projection"], expected):
+            want = want.tolist()
+            count = len(want) - 1
+            error = (sum((g - w) ** 2 for g, w in zip(got[:count], want[:count])) / count) ** 0.5
+            relative = error / max(want[-1], 1e-30)
+            if not relative <= STALE_NORM_LIMIT:
+                mismatches.append({"call": index, "relative_error": relative})
+                break
+    return {"checked": checked, "mismatches": mismatches[:10], "n_mismatches": len(mismatches)}
+
+
+def _input_bytes(namespace, device) -> int:
+    inputs = draw_inputs(namespace, 0, device)
+    return int(sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor)))
+
+
+_BANDWIDTH_CACHE: dict = {}
+
+
+def _bandwidth(device) -> float | None:
+    """Measured device-memory copy bandwidth (GB/s), the denominator of the bytes-moved floor."""
+    if device.type != "cuda":
+        return None
+    if "gbps" not in _BANDWIDTH_CACHE:
+        source = torch.empty(1 << 28, dtype=torch.float32, device=device)
+        target = torch.empty_like(source)
+        target.copy_(source)
+        torch.cuda.synchronize(device)
+        best = float("inf")
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end))
+        _BANDWIDTH_CACHE["gbps"] = 2 * source.numel() * 4 / (best / 1e3) / 1e9
+        del source, target
+    return _BANDWIDTH_CACHE["gbps"]
+
+
+def _sm_clock(device) -> int | None:
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # noqa: BLE001 - needs pynvml; absent is fine
+        return None
+
+
+def _peak_memory(sides, device) -> dict:
+    if device.type != "cuda":
+        return {}
+    peaks = {}
+    for name, side in sides.items():
+        inputs = draw_inputs(side.namespace, 1, device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        with torch.no_grad():
+            out = side.model(*inputs)
+        torch.cuda.synchronize(device)
+        peaks[name] = torch.cuda.max_memory_allocated(device) - base
+        del out
+    return {"peak_memory_bytes": peaks["cand"], "ref_peak_memory_bytes": peaks["ref"]}
+
+
+def reference_timing_job(payload: dict) -> dict:
+    """The reference alone in a clean process, same method: the check on an in-process baseline."""
+    payload = {**payload, "aa": True}
+    record = timing_job(payload)
+    return {"rounds": record.get("rounds", []), "error": record.get("error"), "timing_s": record.get("timing_s")}

@@ -1,0 +1,170 @@
+"""Child-side plumbing shared by every job: devices, seeds, loading code, watching native builds.
+
+Everything here runs inside a sandboxed child (kbverify.sandbox); the parent never imports a submission.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+
+from kbverify import tasks as tasks_module
+
+_WORKDIR: str | None = None
+
+
+def run_job(job: str, payload: dict, *, workdir: str) -> dict:
+    global _WORKDIR
+    _WORKDIR = workdir
+    torch.set_num_threads(1)
+    import importlib
+
+    module_name, _, function = JOBS[job].partition(":")
+    if module_name == __name__:
+        return globals()[function](payload)
+    return getattr(importlib.import_module(module_name), function)(payload)
+
+
+JOBS = {
+    "kernelbench_eval": "kbverify.kernelbench_v01:eval_job",
+    "kernelbench_baseline": "kbverify.kernelbench_v01:baseline_job",
+    "candidate": "kbverify.evaluate:candidate_job",
+    "judge": "kbverify.evaluate:judge_job",
+    "timing": "kbverify.timing:timing_job",
+    "reference_timing": "kbverify.timing:reference_timing_job",
+    "build": "kbverify.worker:build_job",
+    "audit": "kbverify.audit_worker:audit_job",
+}
+
+
+def announce(phase: str) -> None:
+    """Record what the child is doing, so a crash is attributed to the right party."""
+    if _WORKDIR is None:
+        return
+    with open(os.path.join(_WORKDIR, "phase"), "w") as handle:
+        handle.write(phase)
+
+
+def device_from(payload: dict) -> torch.device:
+    if payload.get("device", "cpu").startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA requested but not available in the worker")
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def set_seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.manual_seed(seed)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_device(values, device: torch.device) -> list:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def task_from(payload: dict) -> tasks_module.Task:
+    return tasks_module.parse_task(payload["task_source"], name=payload["task_name"])
+
+
+def short_error(error: BaseException, limit: int = 2000) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def format_traceback(error: BaseException, limit: int = 4000) -> str:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return text[-limit:]
+
+
+def is_cuda_fatal(error: BaseException) -> bool:
+    """After these the CUDA context is unusable: the child must stop."""
+    text = str(error).lower()
+    return any(marker in text for marker in (
+        "illegal memory access", "misaligned address", "unspecified launch failure", "device-side assert",
+        "illegal instruction", "an illegal", "cuda error: launch failure", "uncorrectable ecc",
+    ))
+
+
+class ExtensionWatch:
+    """Wraps torch's native-extension loaders to learn whether a submission's extension built and ran."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.built = 0
+        self.errors: list[str] = []
+        self.calls = 0
+        self.build_s = 0.0
+        self._originals: dict = {}
+
+    def install(self) -> "ExtensionWatch":
+        import torch.utils.cpp_extension as cpp_extension
+
+        for name in ("load_inline", "load"):
+            original = getattr(cpp_extension, name)
+            self._originals[name] = original
+            setattr(cpp_extension, name, self._wrap_loader(original))
+        return self
+
+    def _wrap_loader(self, original):
+        watch = self
+
+        def loader(*args, **kwargs):
+            watch.attempts += 1
+            started = time.monotonic()
+            try:
+                module = original(*args, **kwargs)
+            except BaseException as error:
+                watch.errors.append(short_error(error, 6000))
+                raise
+            finally:
+                watch.build_s += time.monotonic() - started
+            watch.built += 1
+            return watch._count_calls(module)
+
+        loader.__wrapped__ = original
+        return loader
+
+    def _count_calls(self, module):
+        watch = self
+        for attr in dir(module):
+            if attr.startswith("_"):
+                continue
+            function = getattr(module, attr)
+            if not callable(function) or isinstance(function, type):
+                continue
+
+            def counted(*args, __function=function, **kwargs):
+                watch.calls += 1
+                return __function(*args, **kwargs)
+
+            try:
+                setattr(module, attr, counted)
+            except (AttributeError, TypeError):
+                pass
+        return module
+
+    def record(self) -> dict:
+        return {"attempts": self.attempts, "built": self.built, "errors": self.errors[-3:],
+                "calls": self.calls, "build_s": self.build_s}
+
+
+def build_job(payload: dict) -> dict:
+    """Execute the submission's module level once so any import-time native build lands in the cache."""
+    announce("candidate:build")
+    watch = ExtensionWatch().install()
+    namespace = {"__name__": "kbverify_submission"}
+    try:
+        exec(compile(payload["submission_source"], "<submission>", "exec"), namespace)
+        ok, error = True, ""
+    except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is data
+        ok, error = False, short_error(exc, 6000)
+    return {"ok": ok, "error": error, "extensions": watch.record()}

@@ -1,0 +1,30 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """
+    A model that computes the per-sample Mean Squared Error loss for regression tasks.
+
+    Parameters:
+        None
+    """
+
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2, dim=1)
+
+
+batch_size = 16
+input_shape = (64,)
+dim = 1
+
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.rand(batch_size, *input_shape)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,41 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """
+    A model that performs matrix multiplication, applies dropout and sums each row.
+    The model is left in training mode, so dropout is active and draws from torch's generator.
+    """
+
+    def __init__(self, in_features, out_features, dropout_p):
+        super(Model, self).__init__()
+        self.matmul = nn.Linear(in_features, out_features)
+        self.dropout = nn.Dropout(dropout_p)
+
+    def forward(self, x):
+        """
+        Args:
+            x (torch.Tensor): Input tensor of shape (batch_size, in_features).
+
+        Returns:
+            torch.Tensor: Output tensor of shape (batch_size, 1).
+        """
+        x = self.matmul(x)
+        x = self.dropout(x)
+        x = torch.sum(x, dim=1, keepdim=True)
+        return x
+
+
+batch_size = 32
+in_features = 256
+out_features = 128
+dropout_p = 0.2
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features, dropout_p]

@@ -1,0 +1,42 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """
+    Degenerate on purpose (constant output), like KernelBench level2/80: max over dim 1 with keepdim leaves one
+    column, subtracting that column's own mean gives exactly 0, and GELU(0) = 0.
+    """
+
+    def __init__(self, in_features, out_features, max_dim):
+        super(Model, self).__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+        self.max_dim = max_dim
+
+    def forward(self, x):
+        """
+        Args:
+            x: Input tensor of shape (batch_size, in_features)
+
+        Returns:
+            Output tensor of shape (batch_size, 1)
+        """
+        x = self.gemm(x)
+        x = torch.max(x, dim=self.max_dim, keepdim=True).values
+        x = x - x.mean(dim=1, keepdim=True)
+        x = torch.nn.functional.gelu(x)
+        return x
+
+
+batch_size = 32
+in_features = 256
+out_features = 128
+max_dim = 1
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features, max_dim]
