@@ -30,26 +30,19 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _resolve_device(device: str) -> str:
+    """`auto` asks a worker what it sees; the parent itself never imports torch."""
     if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
         raise InputError(f"unknown device {device!r}: use auto, cpu or cuda")
     if device == "cpu":
         return "cpu"
-    import torch
+    from kbverify.sandbox import run_child
 
-    available = torch.cuda.is_available()
+    probe = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all").result or {}
     if device == "auto":
-        return "cuda:0" if available else "cpu"
-    if not available:
-        raise InfrastructureError("a CUDA device was asked for, but none is available")
+        return "cuda:0" if probe.get("cuda_available") else "cpu"
+    if not probe.get("cuda_available"):
+        raise InfrastructureError("a CUDA device was asked for, but the worker sees none")
     return device if ":" in device else "cuda:0"
-
-
-def _devices(device: str) -> list[str]:
-    if device == "cpu":
-        return ["cpu"]
-    import torch
-
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] or ["cpu"]
 
 
 def _parse_ps(text: str) -> tuple[float, ...]:
@@ -80,6 +73,7 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
           hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
           only: Optional[str] = typer.Option(None, "--only", help="rerun just this input set (a set id or prefix)"),
           min_speedup: Optional[float] = typer.Option(None, "--min-speedup"),
+          secret: Optional[str] = typer.Option(None, "--secret", help="reuse a verdict's seeds (see its reproducer)"),
           timeout: float = typer.Option(600.0, "--timeout", help="seconds per worker process"),
           json_out: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
           verbose: bool = typer.Option(False, "-v", "--verbose")):
@@ -97,7 +91,7 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
         raise InputError(f"{submission}: no submission files")
     submissions = [load_submission(path) for path in paths]
     options = runner.CheckOptions(device=_resolve_device(device), hidden_dirs=_hidden_dirs(hidden_tests), only=only,
-                                  timeout_s=timeout)
+                                  timeout_s=timeout, secret=secret)
     rejected = False
     for candidate in submissions:
         verdicts = {p.name: runner.check(loaded_task, candidate, p, options) for p in protocols}
@@ -227,8 +221,13 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("check", "rescore", "audit", "demo"):
+        from kbverify.sandbox import start_early
+
+        start_early()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except KbverifyError as error:

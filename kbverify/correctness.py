@@ -15,6 +15,7 @@ import math
 
 TOLERANCE_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 _QUANTILE_SAMPLE = 1 << 20
+_QUANTILE_TOLERANCES = (1e-3, 1e-2)  # the tails worth keeping: the tolerances protocols use
 
 
 def flatten_outputs(output) -> list:
@@ -70,7 +71,8 @@ def _summarize_tensor(ref, cand) -> dict:
         ratio = diff / (tol + tol * magnitude)
         entry = {"max_ratio": float(ratio.max()) if r.numel() else 0.0,
                  "frac_over": float((ratio > 1).double().mean()) if r.numel() else 0.0}
-        entry["q999_ratio"] = _quantile(ratio, 0.999)
+        if tol in _QUANTILE_TOLERANCES:
+            entry["q999_ratio"] = _quantile(ratio, 0.999)
         grid[repr(tol)] = entry
     summary["grid"] = grid
     if r.numel():
@@ -113,11 +115,13 @@ def grid_key(tolerance: float) -> str:
     return repr(nearest)
 
 
-def judge_set(comparison: dict, baseline: dict | None, protocol) -> tuple[str, str, bool]:
+def judge_set(comparison: dict, baseline: dict | None, protocol, reference_error: dict | None = None
+              ) -> tuple[str, str, bool]:
     """Apply `protocol` to one set's summaries → (outcome, detail, allowance_used).
 
     outcome: "passed", "incorrect" or "shape_mismatch". `baseline` is the TF32 baseline's summary against the
-    same exact reference (None on a CPU or where not computed).
+    same exact reference (None on a CPU or where not computed); `reference_error` is the exact reference's own
+    summary against float64. The allowance scales with the larger of the two.
     """
     if "structure_mismatch" in comparison:
         return "shape_mismatch", comparison["structure_mismatch"], False
@@ -132,12 +136,29 @@ def judge_set(comparison: dict, baseline: dict | None, protocol) -> tuple[str, s
             return "incorrect", f"{where}expected dtype {part['ref_dtype']}, got {part['cand_dtype']}", False
         if part["nonfinite_mismatch"]:
             return "incorrect", f"{where}{part['nonfinite_mismatch']} non-finite values differ from the reference", False
-        base_part = _baseline_part(baseline, index)
+        base_part = _worse(_baseline_part(baseline, index), _precision_only(_baseline_part(reference_error, index)),
+                           protocol)
         ok, detail, used = _judge_tensor(part, base_part, protocol)
         allowance_used |= used
         if not ok:
             return "incorrect", where + detail, False
     return "passed", "", allowance_used
+
+
+PRECISION_ERROR_CAP = 1e-2  # a float64 rerun further off than this computed something else (e.g. other dropout draws)
+
+
+def _precision_only(part: dict | None) -> dict | None:
+    return part if part is not None and part["norm_rel"] <= PRECISION_ERROR_CAP else None
+
+
+def _worse(first: dict | None, second: dict | None, protocol) -> dict | None:
+    """Of two error summaries, the one with the larger error at the protocol's tolerance."""
+    if first is None or second is None:
+        return first or second
+    key = grid_key(protocol.atol)
+    score = lambda part: max(part["grid"][key]["max_ratio"], part["norm_rel"] / max(protocol.norm_rtol or 1e-3, 1e-12))
+    return first if score(first) >= score(second) else second
 
 
 def _baseline_part(baseline: dict | None, index: int) -> dict | None:
@@ -167,9 +188,13 @@ def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, b
         within = element <= max(1.0, factor * base_element) and norm <= max(protocol.norm_rtol, factor * base_norm)
         if within:
             return True, "", True
+    if part["ref_norm"] == 0.0:
+        return False, (f"the reference is all zeros here and the candidate is not (max |c| = {part['max_abs_diff']:.3g}"
+                       f" at {worst.get('index')})"), False
     detail = (f"norm-wise error {norm:.3g} (limit {protocol.norm_rtol:g}); element-wise worst ×{element:.3g} of "
               f"{protocol.atol:g} + {protocol.rtol:g}·|r| (ref {worst.get('ref')}, cand {worst.get('cand')} at "
               f"{worst.get('index')})")
     if base is not None:
-        detail += f"; TF32 baseline: norm {base['norm_rel']:.3g}, element ×{base['grid'][key]['max_ratio']:.3g}"
+        detail += (f"; allowance base (TF32 baseline or fp32 reference vs float64): norm {base['norm_rel']:.3g}, "
+                   f"element ×{base['grid'][key]['max_ratio']:.3g}")
     return False, detail, False

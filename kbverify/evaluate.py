@@ -215,6 +215,7 @@ def judge_job(payload: dict) -> dict:
     train = bool(payload.get("train_mode", True))
     exact_flags = (bool(payload.get("reference_tf32", False)), bool(payload.get("reference_cudnn_tf32", False)))
     want_baseline = bool(payload.get("baseline_tf32", True)) and device.type == "cuda"
+    want_fp64 = bool(payload.get("fp64_reference", True))
     announce("judge:load")
     namespaces = shape_namespaces(task, sets)
     models: dict = {}
@@ -229,7 +230,7 @@ def judge_job(payload: dict) -> dict:
                 models[key] = build_reference(namespace, input_set["weight_seed"], input_set["weights"], device,
                                               train)[0]
             record["sets"][set_id] = _judge_set(models[key], namespace, input_set, device, outdir, exact_flags,
-                                                want_baseline)
+                                                want_baseline, want_fp64)
         except BaseException as error:  # noqa: BLE001 - the reference failing makes the set invalid
             record["sets"][set_id] = {"valid": False, "invalid_reason": "reference raised: " + short_error(error)}
             if is_cuda_fatal(error):
@@ -237,7 +238,7 @@ def judge_job(payload: dict) -> dict:
     return record
 
 
-def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_baseline) -> dict:
+def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_baseline, want_fp64) -> dict:
     call_seed = derive_seed(str(input_set["seed"]), "call")
     inputs = set_inputs(namespace, input_set, device)
     pristine = clone_inputs(inputs)
@@ -258,8 +259,36 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
         entry["baseline"] = summarize(reference, baseline)
         set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
         del baseline
+    if want_fp64:
+        entry["reference_vs_fp64"] = _fp64_error(model, pristine, reference, call_seed)
     path = os.path.join(outdir, _file_name(input_set["set_id"]))
     if os.path.exists(path):
         candidate = torch.load(path, map_location=device, weights_only=True)
         entry["comparison"] = summarize(reference, candidate)
     return entry
+
+
+FP64_INPUT_BYTES_LIMIT = 2 << 30
+
+
+def _fp64_error(model, inputs: list, reference: list, call_seed: int) -> dict | None:
+    """The fp32 reference's own error against a float64 run of the same model: how exact "exact" is.
+
+    An honest fp32 kernel that sums in another order differs from the reference by about this much, so the
+    verified rule allows a candidate a small factor of it (as it does of the TF32 baseline's error).
+    """
+    import copy
+
+    size = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    if size > FP64_INPUT_BYTES_LIMIT:
+        return None
+    try:
+        wide = copy.deepcopy(model).double()
+        wide_inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                       for x in clone_inputs(inputs)]
+        truth = flatten_outputs(_call(wide, wide_inputs, call_seed))
+        del wide
+    except BaseException as error:  # noqa: BLE001 - some models have no float64 path; the record says so
+        return {"error": short_error(error, 300)}
+    return summarize(truth, [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                             for t in reference])

@@ -54,12 +54,16 @@ def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) ->
     return plan
 
 
-def kernelbench_trial_seeds(trials: int) -> list[int]:
-    """torch.manual_seed(42) then torch.randint(0, 2**32 - 1, (1,)) per trial, as KernelBench derives them."""
-    import torch
+# torch.manual_seed(42) then torch.randint(0, 2**32 - 1, (1,)) per trial, as KernelBench derives its trial seeds.
+# Kept as data so the parent never imports torch; tests/test_tasks_protocols.py recomputes them with torch.
+KERNELBENCH_TRIAL_SEEDS = (734796314, 576165995, 2197670066, 839703249, 2584932063, 1099380392, 2221926164,
+                           858498508, 3195377610, 1541725978)
 
-    generator = torch.Generator().manual_seed(KERNELBENCH_SEED)
-    return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(trials)]
+
+def kernelbench_trial_seeds(trials: int) -> list[int]:
+    if trials > len(KERNELBENCH_TRIAL_SEEDS):
+        raise ValueError(f"at most {len(KERNELBENCH_TRIAL_SEEDS)} KernelBench trials are tabulated")
+    return list(KERNELBENCH_TRIAL_SEEDS[:trials])
 
 
 # ---- worker side -------------------------------------------------------------------------------------------

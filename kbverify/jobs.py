@@ -107,11 +107,14 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
 
 
 def _devices_for(device: str) -> list[str]:
+    """One worker per visible GPU."""
     if device == "cpu":
         return ["cpu"]
-    import torch
+    from kbverify.sandbox import run_child
 
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] or [device]
+    probe = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all").result or {}
+    count = probe.get("device_count") or 0
+    return [f"cuda:{index}" for index in range(count)] or [device]
 
 
 def _changes_text(verdicts: list[Verdict]) -> str:

@@ -51,7 +51,8 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
         if verdict.message:
             lines.append(f"  {'':<{width}}  {verdict.message[:300]}")
         if verdict.status.value != "passed" and verdict.reproducer.get("set"):
-            lines.append(f"  {'':<{width}}  rerun: --protocol {verdict.protocol} --only {verdict.reproducer['set']}")
+            lines.append(f"  {'':<{width}}  rerun: --protocol {verdict.protocol} --only {verdict.reproducer['set']} "
+                         f"--secret {verdict.reproducer.get('secret')}")
     return "\n".join(lines) + "\n"
 
 

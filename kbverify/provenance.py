@@ -15,15 +15,19 @@ COMPAT_FIELDS = ("gpu_model", "driver", "cuda", "torch")
 
 @functools.lru_cache(maxsize=4)
 def collect(device: str) -> dict:
-    import torch
+    """Versions come from a worker (the parent never imports torch); the GPU's identity from nvidia-smi."""
+    from kbverify.sandbox import run_child
 
+    probe = run_child("probe", {"device": device}, timeout_s=120, device=device).result or {}
     info = {
         "kbverify": kbverify.__version__,
         "kbverify_commit": _git_commit(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "torch": probe.get("torch"),
+        "cuda": probe.get("cuda"),
+        "cudnn": probe.get("cudnn"),
+        "cuda_available": probe.get("cuda_available"),
+        "gpu_name": probe.get("gpu_name"),
         "triton": _version("triton"),
         "host_cpu": platform.processor() or platform.machine(),
         "device": device,
@@ -33,6 +37,7 @@ def collect(device: str) -> dict:
     }
     if device.startswith("cuda"):
         info.update(_nvidia_smi())
+        info["gpu_model"] = info["gpu_model"] or probe.get("gpu_name")
     return info
 
 

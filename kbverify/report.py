@@ -110,7 +110,11 @@ def _one_per_task(verdicts: list[Verdict], samples: str) -> list[Verdict]:
 
 def fast_p_table(verdicts: Sequence[Verdict], ps: Sequence[float] = P_VALUES, *,
                  confidence_interval: bool = True) -> list[dict]:
-    """fast_p per p over one verdict per task (failures stay in the denominator), with the claimed fast_p."""
+    """fast_p per p over one verdict per task (failures stay in the denominator), with the claimed fast_p.
+
+    Built on `kbverify.stats` (fast_p, confident_fast_p, bootstrap CI) with the sample choice of `_one_per_task`;
+    it should give way to `kbverify.score.score_rows` so that `score` and the reports share one code path.
+    """
     from kbverify import stats  # deferred: scipy is only needed when a report is made
 
     correct = [v.correct for v in verdicts]

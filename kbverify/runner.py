@@ -107,6 +107,8 @@ def _payload(context: _Context, **extra) -> dict:
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
                         env=context.env, keep_dir=context.options.keep_workdirs)
+    log.info("%s child for %s: %.2f s%s", job, context.submission.id, outcome.wall_s,
+             " (timed out)" if outcome.timed_out else "")
     if outcome.result and "infrastructure_error" in outcome.result:
         raise InfrastructureError(f"{job} worker failed: {outcome.result['infrastructure_error']}")
     return outcome
@@ -142,7 +144,9 @@ def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
 
 
 def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
-    warnings = []
+    warnings: list[str] = []
+    if static.syntax_error:
+        return warnings
     if static.native_sources and not build.extension_built:
         warnings.append(Warn.EXTENSION_NOT_BUILT.value)
     if not static.has_custom_code or (build.extension_built and build.extension_called is False and not static.triton):
@@ -249,7 +253,8 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
         judge_payload = _payload(context, submission_source="", **flags,
                                  reference_tf32=protocol.reference_tf32,
                                  reference_cudnn_tf32=protocol.reference_cudnn_tf32,
-                                 baseline_tf32=protocol.rule == "verified")
+                                 baseline_tf32=protocol.rule == "verified",
+                                 fp64_reference=protocol.rule == "verified")
         judge = _run(context, "judge", judge_payload)
         if judge.died:
             status, detail = _died(judge, "reference")
@@ -280,8 +285,8 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
     for input_set in plan:
         cand = (candidate.get("sets") or {}).get(input_set.set_id)
         ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
-        errors = {key: ref[key] for key in ("comparison", "baseline", "ref_mutates_inputs", "ref_outputs",
-                                            "ref_dtypes", "invalid_reason") if key in ref}
+        errors = {key: ref[key] for key in ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs",
+                                            "ref_outputs", "ref_dtypes", "invalid_reason") if key in ref}
         valid = bool(ref.get("valid")) and not (cand or {}).get("input_error")
         base = dict(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
                     weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
@@ -326,7 +331,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
     if "comparison" not in ref:
         return Status.UNVERIFIABLE, "no candidate output to compare"
-    outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol)
+    outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol,
+                                           ref.get("reference_vs_fp64"))
     if outcome == "shape_mismatch":
         return Status.SHAPE_MISMATCH, detail
     if outcome == "incorrect":

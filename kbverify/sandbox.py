@@ -26,6 +26,9 @@ OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only 
 _POLL_S = 0.05
 
 _context = None
+# Imported once in the forkserver so each child starts warm; none of these touches CUDA at import.
+PRELOAD = ["torch", "torch.utils.cpp_extension", "numpy", "kbverify.worker", "kbverify.evaluate",
+           "kbverify.timing", "kbverify.kernelbench_v01", "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
 
 
 def _forkserver():
@@ -33,11 +36,24 @@ def _forkserver():
     if _context is None:
         try:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["torch", "kbverify.worker"])
+            context.set_forkserver_preload(PRELOAD)
         except ValueError:  # platforms without forkserver
             context = multiprocessing.get_context("spawn")
         _context = context
     return _context
+
+
+def start_early() -> None:
+    """Start the forkserver now, so its torch import overlaps with whatever the parent does next."""
+    context = _forkserver()
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    try:
+        forkserver.ensure_running()
+    except OSError as error:
+        log.warning("could not start the worker server early: %s", error)
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,9 @@ def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
     """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"kbverify-{job}-"))
     child_env = dict(env or {})
-    child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(device)
+    visible = _visible_devices(device)
+    if visible is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = visible
     started = time.monotonic()
     try:
         process = _forkserver().Process(target=_child_main, args=(job, payload, str(workdir), child_env),
@@ -97,11 +115,18 @@ def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
     return outcome
 
 
-def _visible_devices(device: str) -> str:
-    if device.startswith("cuda"):
-        _, _, index = device.partition(":")
-        return index or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    return ""
+def _visible_devices(device: str) -> str | None:
+    """The child sees exactly one GPU (its cuda:0), named through the parent's own visible list; "cuda:all"
+    leaves the list as it is (for probing how many there are); a CPU child sees none."""
+    if not device.startswith("cuda"):
+        return ""
+    _, _, index = device.partition(":")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if index == "all":
+        return visible
+    physical = visible.split(",") if visible else None
+    position = int(index or 0)
+    return physical[position] if physical and position < len(physical) else str(position)
 
 
 def _kill_group(pid: int | None) -> None:

@@ -62,11 +62,24 @@ def paired_speedup(rounds: Sequence[Round], confidence: float = 0.95) -> Speedup
     """
     if not rounds:
         raise ValueError("paired_speedup needs at least one round")
-    log_ratios = np.array([round_log_ratio(ref, cand) for ref, cand in rounds])
-    return speedup_from_log_ratios(log_ratios, confidence)
+    return speedup_from_log_ratios(round_log_ratios(rounds), confidence)
+
+
+def round_log_ratios(rounds: Sequence[Round]) -> np.ndarray:
+    """`round_log_ratio` of every round, vectorised when all blocks have one length (the usual case)."""
+    try:
+        times = np.asarray(rounds, dtype=float)
+    except ValueError:  # ragged: blocks of different lengths
+        times = None
+    if times is None or times.ndim != 3 or times.shape[1] != 2 or times.shape[2] == 0:
+        return np.array([round_log_ratio(ref, cand) for ref, cand in rounds])
+    _positive_times(times)
+    medians = np.median(times, axis=2)
+    return np.log(medians[:, 0]) - np.log(medians[:, 1])
 
 
 def speedup_from_log_ratios(log_ratios: Sequence[float], confidence: float = 0.95) -> SpeedupEstimate:
+    """`paired_speedup` on per-round log-ratios already computed, in time order."""
     values = np.sort(np.asarray(log_ratios, dtype=float))
     if values.size == 0 or not np.all(np.isfinite(values)):
         raise ValueError("log-ratios must be a non-empty sequence of finite numbers")
@@ -105,12 +118,30 @@ def should_stop(
     max_rounds: int | None = None,
     confidence: float = 0.95,
 ) -> bool:
-    """Adaptive stopping: enough rounds and a narrow enough CI, or the time or round budget is spent."""
+    """Adaptive stopping: enough rounds and a precise enough estimate, or the time or round budget is spent.
+
+    Precision is `projected_half_width`, not the half-width of the order-statistic interval itself: that width is
+    noisy at small n and correlated with the interval missing, so stopping on it under-covers (92-95% for a
+    nominal 95% in the coverage simulation); the spread-based projection keeps coverage at the nominal level.
+    """
     if elapsed_s >= budget_s or (max_rounds is not None and len(rounds) >= max_rounds):
         return True
     if len(rounds) < min_rounds:
         return False
-    return half_width(paired_speedup(rounds, confidence)) < target_half_width
+    return projected_half_width(round_log_ratios(rounds), confidence) < target_half_width
+
+
+def projected_half_width(log_ratios: Sequence[float], confidence: float = 0.95) -> float:
+    """Relative CI half-width the median's large-sample variance predicts: z·sqrt(pi/2)·sigma/sqrt(n_eff).
+
+    sigma comes from the MAD of the log-ratios, so a few throttled rounds do not hold the run open.
+    """
+    values = np.asarray(log_ratios, dtype=float)
+    if values.size == 0:
+        return math.inf
+    sigma = 1.4826 * float(np.median(np.abs(values - np.median(values))))
+    z = float(_scipy_stats.norm.ppf(0.5 + confidence / 2.0))
+    return math.expm1(z * math.sqrt(math.pi / 2.0) * sigma / math.sqrt(_effective_rounds(values)))
 
 
 def noise_margin_from_aa(
@@ -121,7 +152,7 @@ def noise_margin_from_aa(
     Takes the A/A estimates (or the rounds of one A/A run) and returns the smallest symmetric band around 1 that
     holds every A/A interval, never less than `floor`: anything inside it is indistinguishable from no change.
     """
-    if not aa:
+    if len(aa) == 0:
         return floor
     estimates = aa if isinstance(aa[0], SpeedupEstimate) else [paired_speedup(aa)]
     reach = max(max(est.ci_high - 1.0, 1.0 - est.ci_low) for est in estimates)
@@ -167,7 +198,9 @@ def bootstrap_fast_p_ci(
         return (0.0, 0.0)
     rng = np.random.default_rng(seed)
     resampled = hits[rng.integers(0, hits.size, size=(n_boot, hits.size))].mean(axis=1)
-    return _percentile_interval(resampled, confidence)
+    low, high = _percentile_interval(resampled, confidence)
+    center = float(hits.mean())
+    return (min(low, center), max(high, center))
 
 
 def geomean_speedup_ci(
@@ -218,7 +251,7 @@ def _effective_rounds(log_ratios: np.ndarray) -> int:
 
     Randomised order inside rounds makes the rounds' signs independent, so this normally returns n; it guards
     runs with a fixed order, where slow noise leaks into the ratios. Only an autocorrelation beyond the ~97.5%
-    null quantile (2/sqrt(n)) counts, so independent rounds are rarely penalised.
+    one-sided null quantile (2/sqrt(n)) counts, so independent rounds are rarely penalised.
     """
     n = int(log_ratios.size)
     if n < 8:

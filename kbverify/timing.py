@@ -212,11 +212,11 @@ def timing_job(payload: dict) -> dict:
                     round_times[name].append(elapsed)
                     side.calls.append({"seed": seed})
                     if name == "cand":
+                        # Checked after the device-wide synchronise, before the next call can touch its inputs
+                        # (an output may legally be a view of them): work deferred past the call shows up here.
                         pending.append((len(side.calls) - 1, out, early))
+                        _settle(pending, projector, side, device)
                     del out
-                # Outputs are checked after the round's synchronise: work deferred past the call shows up here.
-                if name == "cand":
-                    _settle(pending, projector, sides["cand"], device)
             rounds.append((round_times["ref"], round_times["cand"]))
             record["rounds"].append({"order": order, "ref_ms": round_times["ref"], "cand_ms": round_times["cand"],
                                      "sm_clock_mhz": _sm_clock(device)})

@@ -37,6 +37,7 @@ JOBS = {
     "reference_timing": "kbverify.timing:reference_timing_job",
     "build": "kbverify.worker:build_job",
     "audit": "kbverify.audit_worker:audit_job",
+    "probe": "kbverify.worker:probe_job",
 }
 
 
@@ -57,9 +58,10 @@ def device_from(payload: dict) -> torch.device:
 
 
 def set_seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.manual_seed(seed)
+    """torch.manual_seed's effect (CPU and every CUDA generator) without its per-call wrapper overhead."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
 
 
 def synchronize(device: torch.device) -> None:
@@ -94,6 +96,21 @@ def is_cuda_fatal(error: BaseException) -> bool:
     ))
 
 
+def _failure_record(args, kwargs):
+    """Where a failed build of exactly these arguments is remembered (inside the submission's own build dir)."""
+    import hashlib
+    from pathlib import Path
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        return None
+    try:
+        key = hashlib.sha256(repr((args, sorted(kwargs.items()))).encode()).hexdigest()[:24]
+    except Exception:  # noqa: BLE001 - unrepresentable arguments: just build
+        return None
+    return Path(root) / ".kbverify-failed-builds" / f"{key}.txt"
+
+
 class ExtensionWatch:
     """Wraps torch's native-extension loaders to learn whether a submission's extension built and ran."""
 
@@ -120,10 +137,19 @@ class ExtensionWatch:
         def loader(*args, **kwargs):
             watch.attempts += 1
             started = time.monotonic()
+            failure_file = _failure_record(args, kwargs)
+            if failure_file is not None and failure_file.exists():
+                # The same sources and flags failed before: fail the same way without rerunning the compiler.
+                message = failure_file.read_text()
+                watch.errors.append(message)
+                raise RuntimeError(message)
             try:
                 module = original(*args, **kwargs)
             except BaseException as error:
                 watch.errors.append(short_error(error, 6000))
+                if failure_file is not None and isinstance(error, Exception):
+                    failure_file.parent.mkdir(parents=True, exist_ok=True)
+                    failure_file.write_text("cached build failure: " + short_error(error, 6000))
                 raise
             finally:
                 watch.build_s += time.monotonic() - started
@@ -168,3 +194,17 @@ def build_job(payload: dict) -> dict:
     except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is data
         ok, error = False, short_error(exc, 6000)
     return {"ok": ok, "error": error, "extensions": watch.record()}
+
+
+def probe_job(payload: dict) -> dict:
+    """What this worker sees: versions and devices (for provenance and `--device auto`)."""
+    available = torch.cuda.is_available()
+    wants_cuda = payload.get("device", "cpu").startswith("cuda")
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cuda_available": available,
+        "device_count": torch.cuda.device_count() if available else 0,
+        "gpu_name": torch.cuda.get_device_name(0) if available and wants_cuda else None,
+    }

@@ -297,7 +297,7 @@ def test_task_asking_for_cuda_is_validated_on_meta(tmp_path):
     shapes = generate_hidden_shapes(task)
     assert shapes and all(s.validation == "meta+cpu" for s in shapes)  # device="cuda" redirected
     assert "num_heads" not in shapes[0].overrides
-    assert shapes[0].input_shapes == ((2, 2, 8, 4),) * 3
+    assert shapes[0].input_shapes == ((1, 2, 8, 4),) * 3
 
 
 # --- manifests and origins -------------------------------------------------------------------------------

@@ -1,0 +1,535 @@
+"""The audit's child side: run one task's reference over many input sets and return raw numbers.
+
+Everything a threshold applies to is measured here and returned unjudged; `kbverify.audit` decides the flags.
+One child per task keeps a broken or huge task from taking the audit down, and keeps the work in one place:
+the reference runs over seeds × distributions × weight regimes (× hidden shapes), each output is reduced to
+statistics right away, and only two earlier outputs are kept alive (the anchor of its family and the previous
+seed's), so memory stays a few outputs whatever the number of sets.
+
+Null kernels (zeros, ones, the input itself, another seed's output or its mean, the reference in bf16 or fp16)
+are compared with `correctness.summarize`. To stay cheap, a null kernel is dropped as soon as every protocol
+that could still accept it has rejected it on some set — usually on the very first set. The worker only uses
+`judge_set` to decide what to compute next; the parent re-judges every recorded summary.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+
+import torch
+
+from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict
+from kbverify.correctness import flatten_outputs, judge_set, summarize
+from kbverify.evaluate import build_reference, set_inputs, shape_namespaces
+from kbverify.inputs import derive_seed
+from kbverify.precision import set_tf32
+from kbverify.worker import announce, device_from, is_cuda_fatal, set_seed, short_error, synchronize, task_from
+
+_LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def audit_job(payload: dict) -> dict:
+    device = device_from(payload)
+    task = task_from(payload)
+    settings = payload["settings"]
+    protocols = [protocol_from_dict(p) for p in payload["protocols"]]
+    set_tf32(matmul=False, cudnn=False)  # the exact-fp32 reference every protocol is judged against
+    record: dict = {"device": str(device), "torch": torch.__version__, "sets": [], "families": [],
+                    "stochastic": [], "tf32": {}, "errors": [], "phase_s": {}}
+    if device.type == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(device)
+    started = time.monotonic()
+    shapes = _shapes(task, settings, record)
+    record["phase_s"]["hidden_shapes"] = time.monotonic() - started
+    nulls = _NullKernels(settings["null_kernels"], protocols, device, record)
+    for shape, overrides in shapes:
+        announce(f"audit:load:{shape}")
+        try:
+            namespace = shape_namespaces(task, [{"shape": shape, "overrides": overrides}])[shape]
+        except BaseException as error:  # noqa: BLE001 - a task that does not execute is data
+            record["errors"].append({"phase": f"load:{shape}", "error": short_error(error)})
+            continue
+        seeds = settings["input_seeds"] if shape == "original" else settings["input_seeds"][:settings["hidden_seeds"]]
+        for weights in ("default", "rerandomized"):
+            phase = time.monotonic()
+            fatal = _run_family(namespace, shape, weights, seeds, settings, device, nulls, record)
+            record["phase_s"][f"sets:{shape}:{weights}"] = time.monotonic() - phase
+            if fatal:
+                return _finish(record, nulls)
+        if shape == "original":
+            for name, job in (("dead", _dead_check), ("timing", _timing)):
+                phase = time.monotonic()
+                announce(f"audit:{name}")
+                try:
+                    record[name] = job(namespace, settings, device)
+                except BaseException as error:  # noqa: BLE001
+                    record["errors"].append({"phase": name, "error": short_error(error)})
+                    if is_cuda_fatal(error):
+                        return _finish(record, nulls)
+                record["phase_s"][name] = time.monotonic() - phase
+    return _finish(record, nulls)
+
+
+def _finish(record: dict, nulls: "_NullKernels") -> dict:
+    record["null_kernels"] = nulls.export()
+    return record
+
+
+def _shapes(task, settings: dict, record: dict) -> list[tuple[str, dict]]:
+    shapes = [("original", {})]
+    if not settings["hidden_shapes"]:
+        record["hidden"] = {"origin": "off", "shapes": []}
+        return shapes
+    try:
+        from kbverify import hidden
+    except ImportError:
+        record["hidden"] = {"origin": "unavailable", "shapes": []}
+        return shapes
+    announce("audit:hidden_shapes")
+    try:
+        found, origin = hidden.shapes_for(task, settings["hidden_dirs"])
+    except BaseException as error:  # noqa: BLE001 - hidden shapes are extra evidence, not a precondition
+        record["hidden"] = {"origin": "error", "error": short_error(error), "shapes": []}
+        return shapes
+    labelled = [(shape.label or f"hidden:{index}", dict(shape.overrides)) for index, shape in enumerate(found)]
+    record["hidden"] = {"origin": origin, "shapes": [{"label": label, "overrides": overrides}
+                                                     for label, overrides in labelled]}
+    return shapes + labelled
+
+
+# ---- the sets of one (shape, weight regime) ----------------------------------------------------------------
+
+def _run_family(namespace, shape, weights, seeds, settings, device, nulls, record) -> bool:
+    """Every (distribution, seed) set of one shape and weight regime. Returns True after a fatal CUDA error."""
+    family = {"shape": shape, "weights": weights, "compared": 0, "max_abs_spread": 0.0, "max_abs": 0.0,
+              "anchor": None, "note": ""}
+    record["families"].append(family)
+    announce(f"audit:construct:{shape}:{weights}")
+    try:
+        model = build_reference(namespace, settings["weight_seed"], weights, device, True)[0]
+    except BaseException as error:  # noqa: BLE001
+        family["note"] = "construct raised: " + short_error(error)
+        return is_cuda_fatal(error)
+    anchor = None
+    context = _FamilyContext(namespace, model, device)
+    for distribution in settings["distributions"]:
+        previous = None
+        for index, seed in enumerate(seeds):
+            meta = {"set_id": f"{shape}/{distribution}/{weights}/s{index}", "shape": shape,
+                    "distribution": distribution, "weights": weights, "seed": seed, "seed_index": index}
+            announce(f"audit:set:{meta['set_id']}")
+            try:
+                output = _reference_set(context, meta, settings, record)
+            except BaseException as error:  # noqa: BLE001 - the reference failing makes the set invalid
+                record["sets"].append({**meta, "valid": False, "invalid_reason": "reference raised: "
+                                       + short_error(error)})
+                if is_cuda_fatal(error):
+                    record["errors"].append({"phase": meta["set_id"], "error": short_error(error), "fatal": True})
+                    return True
+                continue
+            if output is None:
+                continue
+            if anchor is None:
+                anchor, family["anchor"] = output, meta["set_id"]
+            else:
+                spread = _max_abs_diff(anchor, output)
+                family["compared"] += 1
+                family["max_abs_spread"] = _nan_max(family["max_abs_spread"], spread)
+            family["max_abs"] = max(family["max_abs"], _max_abs(output))
+            try:
+                nulls.check(context, meta, output, previous, record)
+            except BaseException as error:  # noqa: BLE001 - e.g. out of memory comparing a huge output
+                record["errors"].append({"phase": f"null:{meta['set_id']}", "error": short_error(error)})
+                nulls.abandon(f"{meta['set_id']}: " + short_error(error, 300))
+                if is_cuda_fatal(error):
+                    return True
+            previous = output
+    del anchor, previous, context, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return False
+
+
+class _FamilyContext:
+    """What the null kernels and the TF32 baseline need to re-run a set: namespace, model, device."""
+
+    def __init__(self, namespace, model, device):
+        self.namespace = namespace
+        self.model = model
+        self.device = device
+        self._low_precision: dict = {}
+
+    def inputs(self, meta: dict) -> list:
+        return set_inputs(self.namespace, meta, self.device)
+
+    def call(self, model, inputs, meta) -> list:
+        set_seed(derive_seed(str(meta["seed"]), "call"))
+        with torch.no_grad():
+            output = flatten_outputs(model(*inputs))
+        synchronize(self.device)
+        return output
+
+    def low_precision_model(self, name: str):
+        if name not in self._low_precision:
+            self._low_precision[name] = copy.deepcopy(self.model).to(_LOW_PRECISION[name])
+        return self._low_precision[name]
+
+
+def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> list | None:
+    """Run the reference on one set, record its statistics; None when the output is not finite."""
+    output = context.call(context.model, context.inputs(meta), meta)
+    stats = [_tensor_stats(t) for t in output]
+    entry = {**meta, "valid": True, "outputs": stats}
+    bad = sum(s.get("nonfinite", 0) for s in stats)
+    if bad:
+        entry.update(valid=False, invalid_reason=f"reference output has {bad} non-finite values")
+        record["sets"].append(entry)
+        return None
+    record["sets"].append(entry)
+    try:  # our own checks from here on: a failure is ours to record, not the set's
+        if meta["shape"] == "original" and meta["weights"] == "default" and meta["distribution"] == "x1":
+            again = context.call(context.model, context.inputs(meta), meta)
+            diff_norm, ref_norm, max_abs = _diff_norms(output, again)
+            del again
+            record["stochastic"].append({"set_id": meta["set_id"], "diff_norm": diff_norm, "ref_norm": ref_norm,
+                                         "max_abs_diff": max_abs})
+        if context.device.type == "cuda" and meta["shape"] == "original" and meta["seed_index"] == 0:
+            _tf32_summary(context, meta, output, record)
+    except BaseException as error:  # noqa: BLE001
+        record["errors"].append({"phase": f"checks:{meta['set_id']}", "error": short_error(error)})
+        if is_cuda_fatal(error):
+            raise
+    return output
+
+
+def _tf32_summary(context: _FamilyContext, meta: dict, output: list, record: dict) -> dict | None:
+    """The TF32 baseline's error against the exact reference on this set (GPU only, computed once)."""
+    if context.device.type != "cuda":
+        return None
+    if meta["set_id"] not in record["tf32"]:
+        set_tf32(matmul=True, cudnn=True)
+        try:
+            baseline = context.call(context.model, context.inputs(meta), meta)
+        finally:
+            set_tf32(matmul=False, cudnn=False)
+        record["tf32"][meta["set_id"]] = summarize(output, baseline)
+    return record["tf32"][meta["set_id"]]
+
+
+# ---- null kernels ------------------------------------------------------------------------------------------
+
+class _NullKernels:
+    def __init__(self, names, protocols, device, record):
+        self.names = list(names)
+        self.protocols = protocols
+        self.device = device
+        self.alive = {name: {p.name for p in protocols} for name in self.names}
+        self.checks: dict[str, list] = {name: [] for name in self.names}
+        self.notes: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+
+    def check(self, context: _FamilyContext, meta: dict, output: list, previous: list | None, record: dict):
+        covering = [p for p in self.protocols if covers(p, meta["shape"], meta["distribution"], meta["weights"])]
+        for name in self.names:
+            live = [p for p in covering if p.name in self.alive[name]]
+            if not live:
+                continue
+            announce(f"audit:null:{name}:{meta['set_id']}")
+            try:
+                candidate = self._output(name, context, meta, output, previous)
+            except BaseException as error:  # noqa: BLE001 - a null kernel that cannot run passes nothing
+                self.errors[name] = f"{meta['set_id']}: " + short_error(error, 300)
+                self.alive[name].clear()
+                if is_cuda_fatal(error):
+                    raise
+                continue
+            if isinstance(candidate, str):
+                self.notes[name] = candidate
+                self.alive[name].clear()
+                continue
+            if candidate is None:
+                continue
+            summary = summarize(output, candidate)
+            del candidate
+            baseline = None
+            if any(p.rule == "verified" for p in live):
+                baseline = _tf32_summary(context, meta, output, record)
+            self.checks[name].append({"set_id": meta["set_id"], "summary": summary})
+            for protocol in live:
+                if judge_set(summary, baseline, protocol)[0] != "passed":
+                    self.alive[name].discard(protocol.name)
+
+    def abandon(self, reason: str) -> None:
+        """Stop every null kernel still running: a comparison failed, so none of them can be judged."""
+        for name in self.names:
+            if self.alive[name]:
+                self.errors.setdefault(name, reason)
+                self.alive[name].clear()
+
+    def _output(self, name, context, meta, output, previous):
+        """The null kernel's output for this set; None: not applicable here; a string: never applicable."""
+        if name == "zeros":
+            return [torch.zeros_like(t) for t in output]
+        if name == "ones":
+            return [torch.ones_like(t) for t in output]
+        if name == "input":
+            if len(output) != 1:
+                return "the reference returns several outputs"
+            for value in context.inputs(meta):
+                if isinstance(value, torch.Tensor) and value.shape == output[0].shape:
+                    return [value.to(output[0].dtype)]
+            return "no input has the output's shape"
+        if name in ("other_seed", "other_seed_mean"):
+            if previous is None:
+                return None
+            if name == "other_seed":
+                return previous
+            return [torch.full_like(t, float(t.double().mean())) if t.numel() else t for t in previous]
+        if name in _LOW_PRECISION:
+            dtype = _LOW_PRECISION[name]
+            inputs = [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                      for v in context.inputs(meta)]
+            result = context.call(context.low_precision_model(name), inputs, meta)
+            return [r.to(o.dtype) if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) else r
+                    for r, o in zip(result, output)]
+        raise ValueError(f"unknown null kernel {name!r}")
+
+    def export(self) -> dict:
+        return {name: {"checks": self.checks[name], "note": self.notes.get(name, ""),
+                       "error": self.errors.get(name, ""), "alive_at_end": sorted(self.alive[name])}
+                for name in self.names}
+
+
+# ---- dead inputs and parameters ----------------------------------------------------------------------------
+
+def _dead_check(namespace, settings: dict, device) -> dict:
+    """One backward pass of a random projection of the output finds inputs and parameters with (near) zero
+    gradient; each such candidate is then perturbed for real, on a few seeds, and the output change measured."""
+    model = build_reference(namespace, settings["weight_seed"], "default", device, True)[0]
+    seeds = settings["input_seeds"][:settings["perturbation_seeds"]]
+    metas = [{"seed": seed, "distribution": "x1"} for seed in seeds]
+    context = _FamilyContext(namespace, model, device)
+    gradient = _gradient_sensitivity(context, metas[0])
+    threshold = settings["dead_candidate_sensitivity"]
+    candidates = [item for item in gradient["inputs"] + gradient["parameters"]
+                  if item["sensitivity"] is None or not item["sensitivity"] > threshold]
+    limit = settings["max_perturbations"]
+    result = {"gradient_error": gradient["error"], "candidate_threshold": threshold,
+              "inputs": gradient["inputs"], "parameters": gradient["parameters"],
+              "perturbed": [], "truncated": max(0, len(candidates) - limit)}
+    parameters = dict(model.named_parameters())
+    for item in candidates[:limit]:
+        announce(f"audit:dead:{item['kind']}:{item['name']}")
+        result["perturbed"].append(_perturb(context, metas, item, parameters))
+    return result
+
+
+def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
+    """Estimated relative output change for a perturbation of each input and parameter at its own scale:
+    ‖∂⟨out, r⟩/∂θ‖·rms(θ)/‖out‖ for a random projection r. None where no gradient could be taken."""
+    inputs = context.inputs(meta)
+    leaves = [v.detach().clone().requires_grad_(True) if _is_float(v) else None for v in inputs]
+    parameters = [(name, p) for name, p in context.model.named_parameters() if p.is_floating_point()]
+    for _, parameter in parameters:
+        parameter.grad = None
+    error = ""
+    output_norm = 0.0
+    try:
+        set_seed(derive_seed(str(meta["seed"]), "call"))
+        with torch.enable_grad():
+            # clones, so a reference that works in place on its inputs does not trip over a leaf
+            outputs = flatten_outputs(context.model(*[leaf.clone() if leaf is not None else value
+                                                      for leaf, value in zip(leaves, inputs)]))
+            differentiable = [o for o in outputs if _is_float(o) and o.requires_grad]
+            if not differentiable:
+                error = "no differentiable output"
+            else:
+                generator = torch.Generator(device=context.device).manual_seed(derive_seed("audit", "projection"))
+                loss = sum((o * torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)).sum()
+                           for o in differentiable)
+                output_norm = math.sqrt(sum(_norm(o.detach()) ** 2 for o in differentiable))
+                loss.backward()
+    except BaseException as error_:  # noqa: BLE001 - no gradient: every input and parameter is a candidate
+        if is_cuda_fatal(error_):
+            raise
+        error = short_error(error_, 300)
+
+    def sensitivity(value, grad):
+        if error or grad is None or output_norm == 0.0:
+            return None
+        scale = _rms(value) or 1.0
+        estimate = _norm(grad) * scale / output_norm
+        return estimate if math.isfinite(estimate) else None
+
+    found_inputs = [{"kind": "input", "index": index, "name": f"input {index}",
+                     "dtype": str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__,
+                     "sensitivity": sensitivity(value, leaf.grad) if leaf is not None else None}
+                    for index, (leaf, value) in enumerate(zip(leaves, inputs)) if isinstance(value, torch.Tensor)]
+    found_parameters = [{"kind": "parameter", "name": name, "numel": parameter.numel(),
+                         "sensitivity": sensitivity(parameter.detach(), parameter.grad)}
+                        for name, parameter in parameters]
+    for _, parameter in parameters:
+        parameter.grad = None
+    return {"inputs": found_inputs, "parameters": found_parameters, "error": error}
+
+
+def _perturb(context: _FamilyContext, metas: list, item: dict, parameters: dict) -> dict:
+    """Change one input or parameter substantially and measure how much the output moves, per seed."""
+    entry = {"kind": item["kind"], "name": item["name"], "runs": []}
+    if item["kind"] == "input":
+        entry["index"] = item["index"]
+    for meta in metas:
+        inputs = context.inputs(meta)
+        base = context.call(context.model, inputs, meta)
+        if item["kind"] == "input":
+            changed = _perturbed_input(context, meta, item["index"], inputs)
+            if changed is None:
+                entry["runs"].append({"seed": meta["seed"], "skipped": "the input does not change across seeds"})
+                continue
+            fresh = context.inputs(meta)
+            fresh[item["index"]] = changed
+            after = context.call(context.model, fresh, meta)
+        else:
+            parameter = parameters[item["name"]]
+            saved = parameter.detach().clone()
+            generator = torch.Generator(device=parameter.device).manual_seed(derive_seed(item["name"], meta["seed"]))
+            with torch.no_grad():
+                parameter.add_(torch.randn(parameter.shape, generator=generator, device=parameter.device,
+                                           dtype=parameter.dtype) * (_rms(saved) or 1.0))
+            try:
+                after = context.call(context.model, context.inputs(meta), meta)
+            finally:
+                with torch.no_grad():
+                    parameter.copy_(saved)
+        diff_norm, ref_norm, max_abs = _diff_norms(base, after)
+        entry["runs"].append({"seed": meta["seed"], "diff_norm": diff_norm, "ref_norm": ref_norm,
+                              "max_abs_diff": max_abs})
+    return entry
+
+
+def _perturbed_input(context, meta, index, inputs):
+    """Input `index` from another seed's draw (keeps its dtype and structure: masks, indices); a floating
+    input that does not vary with the seed gets noise at its own scale instead."""
+    original = inputs[index]
+    other = context.inputs({**meta, "seed": derive_seed(str(meta["seed"]), "perturb")})[index]
+    if not isinstance(other, torch.Tensor) or other.shape != original.shape or other.dtype != original.dtype:
+        return None
+    if not torch.equal(other, original):
+        return other
+    if not original.is_floating_point():
+        return None
+    generator = torch.Generator(device=original.device).manual_seed(derive_seed(str(meta["seed"]), "noise", index))
+    noise = torch.randn(original.shape, generator=generator, device=original.device, dtype=original.dtype)
+    return original + noise * (_rms(original) or 1.0)
+
+
+# ---- timing (GPU only) -------------------------------------------------------------------------------------
+
+def _timing(namespace, settings: dict, device) -> dict | None:
+    """Median time per reference call (CUDA events around the call), next to the time of one tiny kernel."""
+    if device.type != "cuda":
+        return None
+    model = build_reference(namespace, settings["weight_seed"], "default", device, True)[0]
+    inputs = set_inputs(namespace, {"seed": settings["input_seeds"][0], "distribution": "x1"}, device)
+    tiny = torch.zeros(1, device=device)
+    with torch.no_grad():
+        reference = _event_samples(lambda: model(*inputs), settings)
+        floor = _event_samples(lambda: tiny.add_(1.0), settings)
+    return {"reference_us": reference, "launch_floor_us": floor,
+            "reference_median_us": statistics.median(reference), "launch_floor_median_us": statistics.median(floor)}
+
+
+def _event_samples(function, settings: dict) -> list[float]:
+    for _ in range(settings["timing_warmup_calls"]):
+        function()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(settings["timing_calls"]):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0)
+    return samples
+
+
+# ---- small numeric helpers ---------------------------------------------------------------------------------
+
+def _is_float(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _norm(t: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(_as_float(t), dtype=torch.float64)) if t.numel() else 0.0
+
+
+def _rms(t: torch.Tensor) -> float:
+    return _norm(t) / math.sqrt(t.numel()) if t.numel() else 0.0
+
+
+def _nan_max(a: float, b: float) -> float:
+    return b if math.isnan(b) or b > a else a
+
+
+def _max_abs(outputs: list) -> float:
+    values = [float(_as_float(t).abs().max()) for t in outputs if isinstance(t, torch.Tensor) and t.numel()]
+    return max(values, default=0.0)
+
+
+def _max_abs_diff(a: list, b: list) -> float:
+    """Largest element-wise difference between two outputs; inf when their structure differs."""
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            worst = worst if x == y else math.inf
+            continue
+        if x.shape != y.shape:
+            return math.inf
+        if x.numel():
+            worst = _nan_max(worst, float((_as_float(x) - _as_float(y)).abs().max()))
+    return worst
+
+
+def _diff_norms(a: list, b: list) -> tuple[float, float, float]:
+    """(‖b − a‖, ‖a‖, max|b − a|) over every tensor of the two outputs."""
+    if len(a) != len(b) or any(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape != y.shape
+                               for x, y in zip(a, b)):
+        return math.inf, 0.0, math.inf
+    diff_sq = ref_sq = 0.0
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.numel():
+            diff_sq += _norm(_as_float(y) - _as_float(x)) ** 2
+            ref_sq += _norm(x) ** 2
+    return math.sqrt(diff_sq), math.sqrt(ref_sq), _max_abs_diff(a, b)
+
+
+def _tensor_stats(t) -> dict:
+    """What the thresholds need from one output tensor: magnitude, near-zero and near-mean fractions,
+    the largest range along each axis."""
+    if not isinstance(t, torch.Tensor):
+        return {"type": type(t).__name__}
+    stats = {"shape": list(t.shape), "dtype": str(t.dtype), "numel": t.numel()}
+    x = _as_float(t)
+    stats["nonfinite"] = int((~torch.isfinite(x)).sum()) if t.numel() else 0
+    if stats["nonfinite"] or not t.numel():
+        return stats
+    magnitude = x.abs()
+    mean = float(x.mean(dtype=torch.float64))
+    stats["max_abs"] = float(magnitude.max())
+    stats["mean"] = mean
+    stats["frac_near_zero"] = {repr(a): float((magnitude <= a).sum()) / t.numel() for a in NEAR_ATOLS}
+    stats["frac_near_mean"] = {repr(a): float(((x - mean).abs() <= a).sum()) / t.numel() for a in NEAR_ATOLS}
+    stats["axis_range"] = [float((x.amax(dim=d) - x.amin(dim=d)).max()) if size > 1 else None
+                           for d, size in enumerate(t.shape)]
+    return stats

@@ -1,0 +1,153 @@
+"""Audit KernelBench's levels 1–3 for degenerate tasks on a GPU, and compare with the published lists.
+
+    python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
+        [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
+        [--gpus N]
+
+KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
+OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
+With --gpus N, N copies of this script each audit every N-th task on their own GPU (OUT_PREFIX.shardK.*), then
+their results are merged into OUT_PREFIX.partial.jsonl and the report is written from it.
+Nothing is downloaded. Progress goes to stderr; the comparison with the published lists (KernelBench-Verified's
+exclusions, KernelBench issue #165, robust-kbench's numeric filters, METR's removals; see
+reference/verified_and_hacks.md) and the total wall time go to stdout at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kbverify.audit import AuditSettings, audit_tasks  # noqa: E402
+from kbverify.protocols import parse_protocols  # noqa: E402
+from kbverify.tasks import load_task_dir  # noqa: E402
+
+log = logging.getLogger("audit_kernelbench")
+
+# (level, problem id). Lists made on KernelBench v0 (robust-kbench, METR) may name problems that v0.1 changed.
+PUBLISHED = {
+    "KernelBench-Verified exclusions (constant output)": {(2, 23), (2, 80), (2, 83)},
+    "KernelBench issue #165 (zeros pass at 1e-2)": {(1, 23), (1, 37), (1, 39), (1, 53)},
+    "robust-kbench numeric filters (v0)": {(1, p) for p in (23, 37, 38, 39, 50, 94, 96, 97, 98)}
+    | {(2, p) for p in (9, 13, 23, 27, 36, 41, 44, 48, 49, 58, 66, 80, 84, 88, 89, 91, 96)},
+    "METR removals (v0; not all for degeneracy)": {(1, p) for p in (8, 12, 23, 37, 39, 50, 77, 90, 95, 97)}
+    | {(2, p) for p in (9, 13, 23, 27, 36, 38, 41, 44, 45, 49, 58, 66, 77, 80, 83, 84, 89, 91, 93, 96)}
+    | {(3, p) for p in (3, 5, 7, 11, 12, 18, 28, 32, 34, 35, 45, 46, 47)},
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tasks", type=Path, help="folder holding level1/, level2/, level3/")
+    parser.add_argument("out_prefix", type=Path, help="e.g. audits/kernelbench")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--levels", default="1,2,3")
+    parser.add_argument("--protocol", default="original,kbv,verified")
+    parser.add_argument("--hidden-tests", action="append", default=[], type=Path,
+                        help="committed hidden-shape manifests (tasks without one get shapes generated)")
+    parser.add_argument("--no-hidden", action="store_true", help="audit the tasks' own shapes only")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per task")
+    parser.add_argument("--fresh", action="store_true", help="ignore OUT_PREFIX.partial.jsonl")
+    parser.add_argument("--gpus", type=int, default=1, help="audit on this many GPUs of this host, one task each")
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: every N-th task from K
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+    levels = {int(level) for level in args.levels.split(",")}
+    tasks = [t for level in sorted(levels) if (args.tasks / f"level{level}").is_dir()
+             for t in load_task_dir(args.tasks / f"level{level}")]
+    if not tasks:
+        print(f"{args.tasks}: no level{{{args.levels}}}/ task folders", file=sys.stderr)
+        return 2
+    if args.shard:
+        index, count = (int(part) for part in args.shard.split("/"))
+        tasks = tasks[index::count]
+    started = time.monotonic()
+    if args.gpus > 1 and not args.shard:
+        run_shards(args)
+    settings = AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
+                             hidden_dirs=tuple(str(d) for d in args.hidden_tests))
+    fresh_runs = []
+
+    def progress(done: int, total: int, audit) -> None:
+        if not audit.resumed:
+            fresh_runs.append(audit.wall_s)
+        elapsed = time.monotonic() - started
+        rate = elapsed / max(1, len(fresh_runs))
+        log.info("%d/%d done, %.0f s elapsed, about %.0f min left", done, total, elapsed,
+                 rate * (total - done) / 60 if fresh_runs else 0.0)
+
+    sharded = args.gpus > 1 and not args.shard  # then every result is in the merged partial file
+    report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
+                         out_prefix=args.out_prefix, resume=sharded or not args.fresh, progress=progress,
+                         settings=settings,
+                         title="KernelBench levels " + args.levels)
+    wall_s = time.monotonic() - started
+    if args.shard:
+        return 0
+    print(compare_with_published(report))
+    print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
+    print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
+    return 0
+
+
+def run_shards(args) -> None:
+    """One copy of this script per GPU, each on every N-th task; their partial files merged into ours."""
+    processes = []
+    for index in range(args.gpus):
+        command = [sys.executable, __file__, str(args.tasks), f"{args.out_prefix}.shard{index}",
+                   "--device", f"cuda:{index}", "--levels", args.levels, "--protocol", args.protocol,
+                   "--seeds", str(args.seeds), "--timeout", str(args.timeout), "--shard", f"{index}/{args.gpus}"]
+        command += [f"--hidden-tests={d}" for d in args.hidden_tests]
+        command += ["--no-hidden"] * args.no_hidden + ["--fresh"] * args.fresh
+        processes.append(subprocess.Popen(command))
+    codes = [process.wait() for process in processes]
+    log.info("shards finished with exit codes %s", codes)
+    merged = Path(f"{args.out_prefix}.partial.jsonl")
+    merged.parent.mkdir(parents=True, exist_ok=True)
+    with open(merged, "w" if args.fresh else "a") as out:
+        for index in range(args.gpus):
+            shard = Path(f"{args.out_prefix}.shard{index}.partial.jsonl")
+            if shard.exists():
+                text = shard.read_text()
+                out.write(text if text.endswith("\n") or not text else text + "\n")
+
+
+def compare_with_published(report) -> str:
+    by_id = {(a.level, _problem_id(a.name)): a for a in report.tasks}
+    lines = [f"\n{sum(a.degenerate for a in report.tasks)} of {len(report.tasks)} tasks degenerate, "
+             f"{sum(a.error is not None for a in report.tasks)} errors"]
+    for title, ids in PUBLISHED.items():
+        present = sorted(i for i in ids if i in by_id)
+        agreed = [i for i in present if by_id[i].degenerate]
+        lines.append(f"\n{title}: {len(agreed)} of {len(present)} present are degenerate here")
+        for i in present:
+            audit = by_id[i]
+            mark = "DEGENERATE" if audit.degenerate else ("error" if audit.error else "kept")
+            lines.append(f"  {audit.task:60s} {mark:10s} {audit.error or ', '.join(_main_flags(audit))}")
+    listed = set().union(*PUBLISHED.values())
+    extra = [a for key, a in sorted(by_id.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] or 0))
+             if a.degenerate and key not in listed]
+    lines.append(f"\ndegenerate here, on no published list: {len(extra)}")
+    lines += [f"  {a.task:60s} under {', '.join(a.degenerate_under)}: {', '.join(_main_flags(a))}" for a in extra]
+    return "\n".join(lines)
+
+
+def _main_flags(audit) -> list[str]:
+    return [f for f in audit.flags if not f.startswith(("trivially_passable:bf16", "trivially_passable:fp16"))]
+
+
+def _problem_id(name: str) -> int | None:
+    head = name.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

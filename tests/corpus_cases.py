@@ -1,0 +1,41 @@
+"""Reading the corpus headers: `# kbverify-test: task=...`, `# expect: original=S verified=S`, `# warn: verified=W`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "tests" / "corpus"
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    task: Path
+    expect: dict = field(default_factory=dict)
+    warn: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.parent.name}/{self.path.stem}"
+
+
+def _pairs(text: str) -> dict:
+    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+
+def read_case(path: Path) -> Case:
+    header = path.read_text().splitlines()[:8]
+    fields: dict[str, str] = {}
+    for line in header:
+        match = re.match(r"#\s*(kbverify-test|expect|warn):\s*(.*)", line)
+        if match:
+            fields[match[1]] = match[2]
+    task = _pairs(fields.get("kbverify-test", ""))["task"]
+    return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")))
+
+
+def all_cases(folder: str) -> list[Case]:
+    return [read_case(p) for p in sorted((CORPUS / folder).glob("*.py"))]

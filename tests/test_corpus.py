@@ -1,0 +1,37 @@
+"""Every submission of the corpus gets the verdict its header promises, under `original` and `verified` (CPU).
+
+Exploits must pass `original` (that is what makes them exploits of KernelBench's protocol) and be caught by
+`verified`; honest submissions must pass `verified` (no false positives); faults get the right status.
+"""
+
+import pytest
+
+from corpus_cases import all_cases
+from kbverify.protocols import ORIGINAL, VERIFIED
+from kbverify.runner import CheckOptions, check
+from kbverify.submissions import load_submission
+from kbverify.tasks import load_task
+
+# A short timing budget: the statistics need not be tight for a verdict on correctness and guards.
+PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=0.3)}
+CASES = all_cases("honest") + all_cases("exploits") + all_cases("faults")
+OPTIONS = CheckOptions(device="cpu", timeout_s=45.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_corpus_verdicts(case):
+    task, submission = load_task(case.task), load_submission(case.path)
+    for name, protocol in PROTOCOLS.items():
+        verdict = check(task, submission, protocol, OPTIONS)
+        allowed = case.expect[name].split("|")
+        assert verdict.status.value in allowed, f"{name}: {verdict.status.value} ({verdict.message[:300]})"
+        for warning in case.warn.get(name, "").split(","):
+            if warning:
+                assert warning in verdict.warnings, f"{name}: missing warning {warning}: {verdict.warnings}"
+        if verdict.correct and protocol.isolated:
+            assert verdict.speedup is not None and verdict.speedup_ci is not None
+            assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]
+        if not verdict.correct and verdict.sets:
+            assert verdict.reproducer.get("set") or verdict.status.value.startswith("exploit:") \
+                or verdict.status.value in ("compile_error", "timeout", "crashed")

@@ -1,0 +1,89 @@
+"""The verified rule is fair to a TF32-accurate candidate and still rejects bf16 downgrades and zeros."""
+
+import torch
+
+from kbverify.correctness import judge_set, summarize
+from kbverify.protocols import KBV, ORIGINAL, VERIFIED
+
+
+def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round fp32 values to `bits` explicit mantissa bits (TF32 keeps 10), round-to-nearest."""
+    drop = 23 - bits
+    as_int = x.contiguous().view(torch.int32)
+    rounded = (as_int + (1 << (drop - 1))) & ~((1 << drop) - 1)
+    return rounded.view(torch.float32)
+
+
+def _tf32_matmul(a, b, bits=10):
+    return (_round_mantissa(a, bits).double() @ _round_mantissa(b, bits).double()).float()
+
+
+def _signed_case(seed=0, scale=3.0):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(256, 512, generator=generator) * scale
+    b = torch.randn(512, 128, generator=generator)
+    exact = (a.double() @ b.double()).float()
+    return a, b, exact
+
+
+def test_a_tf32_accurate_candidate_passes_where_plain_1e3_rejects_it():
+    a, b, exact = _signed_case()
+    baseline = _tf32_matmul(a, b)
+    # an honest TF32 kernel: same precision, truncating instead of rounding, so its errors differ from the baseline's
+    candidate = (_round_mantissa(a - a * 2**-12, 10).double() @ _round_mantissa(b, 10).double()).float()
+    comparison, base = summarize(exact, candidate), summarize(exact, baseline)
+    plain, _, _ = judge_set(comparison, None, VERIFIED)
+    assert plain == "incorrect", "the plain 1e-3 rules must be too strict here, or this test proves nothing"
+    outcome, detail, allowance = judge_set(comparison, base, VERIFIED)
+    assert outcome == "passed", detail
+    assert allowance
+
+
+def test_a_bf16_downgrade_fails_even_with_the_allowance():
+    a, b, exact = _signed_case()
+    baseline = _tf32_matmul(a, b)
+    candidate = (a.bfloat16().double() @ b.bfloat16().double()).float()
+    outcome, detail, _ = judge_set(summarize(exact, candidate), summarize(exact, baseline), VERIFIED)
+    assert outcome == "incorrect"
+    assert "norm-wise" in detail
+
+
+def test_zeros_on_a_tiny_magnitude_output_fail_verified_but_pass_original():
+    reference = torch.softmax(torch.randn(8, 100_000), dim=1)  # every value about 1e-5
+    zeros = torch.zeros_like(reference)
+    comparison = summarize(reference, zeros)
+    assert judge_set(comparison, None, VERIFIED)[0] == "incorrect"
+    assert judge_set(comparison, None, ORIGINAL)[0] == "passed"  # the 1e-2 absolute tolerance swallows them
+    assert judge_set(comparison, None, KBV)[0] == "passed"
+
+
+def test_exact_match_passes_every_protocol():
+    reference = torch.randn(64, 64)
+    for protocol in (ORIGINAL, KBV, VERIFIED):
+        assert judge_set(summarize(reference, reference.clone()), None, protocol)[0] == "passed"
+
+
+def test_shape_dtype_and_nonfinite_mismatches_are_reported():
+    reference = torch.randn(4, 4)
+    assert judge_set(summarize(reference, torch.randn(4, 5)), None, VERIFIED)[0] == "shape_mismatch"
+    assert judge_set(summarize(reference, reference.double()), None, VERIFIED)[0] == "incorrect"
+    broken = reference.clone()
+    broken[0, 0] = float("nan")
+    outcome, detail, _ = judge_set(summarize(reference, broken), None, VERIFIED)
+    assert outcome == "incorrect" and "non-finite" in detail
+
+
+def test_tuple_outputs_are_compared_element_by_element():
+    first, second = torch.randn(3), torch.randn(5)
+    assert judge_set(summarize((first, second), (first, second)), None, VERIFIED)[0] == "passed"
+    outcome, detail, _ = judge_set(summarize((first, second), (first, second + 1)), None, VERIFIED)
+    assert outcome == "incorrect" and detail.startswith("output 1")
+    assert judge_set(summarize((first, second), (first,)), None, VERIFIED)[0] == "shape_mismatch"
+
+
+def test_summaries_keep_the_grid_needed_to_rejudge_at_other_tolerances():
+    reference = torch.ones(1000)
+    candidate = reference + 5e-3
+    comparison = summarize(reference, candidate)
+    assert judge_set(comparison, None, VERIFIED.with_overrides(atol=1e-2, rtol=1e-2, norm_rtol=1e-2))[0] == "passed"
+    assert judge_set(comparison, None, VERIFIED)[0] == "incorrect"

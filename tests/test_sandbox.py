@@ -1,0 +1,70 @@
+"""The child process boundary: timeouts, crashes, floods and stray grandchildren are contained."""
+
+import os
+import time
+
+from kbverify.sandbox import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, run_child
+
+
+def _build(source: str, timeout_s: float = 30.0):
+    return run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=timeout_s)
+
+
+def test_a_clean_child_reports_its_result():
+    outcome = _build("x = 1\n")
+    assert outcome.result == {"ok": True, "error": "", "extensions": outcome.result["extensions"]}
+    assert outcome.exit_code == 0 and not outcome.timed_out
+
+
+def test_an_exception_in_untrusted_code_is_data_not_a_crash():
+    outcome = _build("raise ValueError('boom')\n")
+    assert outcome.result["ok"] is False
+    assert "ValueError: boom" in outcome.result["error"]
+
+
+def test_os_exit_is_a_death_with_its_exit_code():
+    outcome = _build("import os\nos._exit(7)\n")
+    assert outcome.died and outcome.exit_code == 7
+    assert outcome.last_phase == "candidate:build"
+
+
+def test_a_hang_is_killed_at_the_deadline():
+    started = time.monotonic()
+    outcome = _build("while True:\n    pass\n", timeout_s=2.0)
+    assert outcome.timed_out and outcome.died
+    assert time.monotonic() - started < 15
+
+
+def test_grandchildren_die_with_the_child(tmp_path):
+    pid_file = tmp_path / "pid"
+    source = (f"import subprocess\np = subprocess.Popen(['sleep', '1000'])\nopen({str(pid_file)!r}, 'w')"
+              f".write(str(p.pid))\nwhile True:\n    pass\n")
+    outcome = _build(source, timeout_s=3.0)
+    assert outcome.timed_out
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        # a zombie waiting for its reaper is dead too
+        if open(f"/proc/{grandchild}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("grandchild still running after the child was killed")
+
+
+def test_a_flood_of_output_is_bounded_and_the_result_survives():
+    outcome = _build("import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10000 + '\\n')\nx = 1\n")
+    assert outcome.result["ok"] is True
+    assert outcome.output_bytes >= 20_000_000
+    assert len(outcome.output_head) <= OUTPUT_HEAD_BYTES
+    assert len(outcome.output_tail) <= OUTPUT_HEAD_BYTES
+    assert OUTPUT_CAP_BYTES < outcome.output_bytes
+
+
+def test_the_child_gets_its_own_home_and_temp_dir():
+    outcome = _build("import os, tempfile\nassert os.environ['HOME'].endswith('/home')\n"
+                     "assert tempfile.gettempdir().endswith('/tmp')\nassert os.getcwd() == os.path.dirname(os.environ['HOME'])\n")
+    assert outcome.result["ok"] is True, outcome.result

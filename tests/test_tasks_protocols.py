@@ -1,0 +1,89 @@
+import json
+
+import pytest
+
+from kbverify.errors import InputError
+from kbverify.inputs import kernelbench_trial_seeds, plan_input_sets
+from kbverify.protocols import ORIGINAL, VERIFIED, get_protocol, parse_protocols
+from kbverify.tasks import load_task, load_task_dir, parse_task
+
+TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+    def forward(self, x):
+        return self.linear(x)
+
+batch_size = 16
+features = 32
+
+def get_inputs():
+    return [torch.rand(batch_size, features)]
+
+def get_init_inputs():
+    return [features]
+"""
+
+
+def test_a_task_is_described_without_running_it(tmp_path):
+    path = tmp_path / "level2" / "7_Linear.py"
+    path.parent.mkdir()
+    path.write_text(TASK + "\nraise SystemExit('executed!')\n")
+    task = load_task(path)
+    assert (task.level, task.problem_id, task.name) == (2, 7, "7_Linear")
+    assert task.constants == {"batch_size": "16", "features": "32"}
+    assert task.key.startswith("level2/7_Linear@") and len(task.sha256) == 64
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def (:\n", "syntax error"),
+    ("import torch\ndef get_inputs(): pass\n", "does not define Model, get_init_inputs"),
+])
+def test_files_that_are_not_tasks_get_one_clear_line(source, message):
+    with pytest.raises(InputError, match=message):
+        parse_task(source, name="x")
+
+
+def test_missing_paths_are_input_errors(tmp_path):
+    with pytest.raises(InputError, match="no such task"):
+        load_task(tmp_path / "nope.py")
+    with pytest.raises(InputError, match="no task files"):
+        load_task_dir(tmp_path)
+
+
+def test_kernelbench_trial_seeds_match_its_derivation():
+    import torch
+
+    torch.manual_seed(42)
+    expected = [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(5)]
+    assert kernelbench_trial_seeds(5) == expected
+
+
+def test_protocol_files_override_presets_and_reject_unknown_fields(tmp_path):
+    custom = tmp_path / "strict.json"
+    custom.write_text(json.dumps({"base": "verified", "atol": 1e-4, "rtol": 1e-4}))
+    protocol = get_protocol(str(custom))
+    assert (protocol.name, protocol.atol, protocol.guards) == ("strict", 1e-4, True)
+    assert protocol.sha256 != VERIFIED.sha256
+    custom.write_text(json.dumps({"base": "verified", "tolerance": 1}))
+    with pytest.raises(InputError, match="unknown field"):
+        get_protocol(str(custom))
+    with pytest.raises(InputError, match="unknown protocol"):
+        parse_protocols("original,fastest")
+    assert [p.name for p in parse_protocols("original,verified,original")] == ["original", "verified"]
+
+
+def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
+    plan = plan_input_sets(VERIFIED, [("original", {}), ("hidden:0", {"batch_size": 8})], secret="s")
+    assert len(plan) == 2 * VERIFIED.trials * 2 * len(VERIFIED.distributions)
+    assert {s.distribution for s in plan} == set(VERIFIED.distributions)
+    assert {s.weights for s in plan} == {"default", "rerandomized"}
+    assert len({s.set_id for s in plan}) == len(plan)
+    other = plan_input_sets(VERIFIED, [("original", {})], secret="t")
+    assert {s.seed for s in other}.isdisjoint({s.seed for s in plan}), "seeds depend on the per-run secret"
+    original = plan_input_sets(ORIGINAL, [("original", {})], secret="s")
+    assert [s.seed for s in original] == kernelbench_trial_seeds(5)
