@@ -286,8 +286,9 @@ def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], devi
     if outcome.timed_out:
         line["error"] = f"timeout after {timeout_s:g} s (last phase: {outcome.last_phase or 'start'})"
     elif outcome.result is None:
+        output = (outcome.output_tail or outcome.output_head).strip()[-400:]
         line["error"] = (f"worker died (exit code {outcome.exit_code}, last phase: {outcome.last_phase or 'start'})"
-                         + (f": {outcome.output_tail.strip()[-400:]}" if outcome.output_tail.strip() else ""))
+                         + (f": {output}" if output else ""))
     elif "infrastructure_error" in outcome.result:
         line["error"] = f"worker failed: {outcome.result['infrastructure_error']}"
     else:
@@ -298,7 +299,8 @@ def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], devi
 def _provenance(lines: list[dict]) -> dict:
     raws = [line["raw"] for line in lines if line.get("raw")]
     return {"created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": sorted({r.get("torch", "") for r in raws}), "gpu": sorted({r["gpu"] for r in raws if r.get("gpu")})}
+            "torch": sorted({r.get("torch", "") for r in raws}),
+            "gpu": sorted({r["gpu"] for r in raws if r.get("gpu")})}
 
 
 # ---- the partial file -------------------------------------------------------------------------------------
@@ -651,10 +653,12 @@ def _describe(code: str, e: dict) -> str:
     """One short phrase of evidence per flag, for the table."""
     if code == "constant_output":
         f = e["families"][0]
-        return f"constant ({f['weights']} weights): spread {f['max_abs_spread']:.2g} over {f['sets']} sets, max|out| {f['max_abs']:.2g}"
+        return (f"constant ({f['weights']} weights): spread {f['max_abs_spread']:.2g} over {f['sets']} sets, "
+                f"max|out| {f['max_abs']:.2g}")
     if code.startswith("near_zero:") or code.startswith("trivially_passable:"):
         what = "zeros" if code.startswith("near_zero:") else code.split(":")[1]
-        return f"{what} pass {code.rsplit(':', 1)[1]} on {e['sets_checked']} sets (max|ref| {e['max_abs_reference']:.2g})"
+        return (f"{what} pass {code.rsplit(':', 1)[1]} on {e['sets_checked']} sets "
+                f"(max|ref| {e['max_abs_reference']:.2g})")
     if code == "uniform_axis":
         return "uniform along " + ", ".join(f"axis {a['axis']} of output {a['output']} ({a['weights']})"
                                             for a in e["axes"][:3])

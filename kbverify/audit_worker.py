@@ -44,7 +44,7 @@ def audit_job(payload: dict) -> dict:
     started = time.monotonic()
     shapes = _shapes(task, settings, record)
     record["phase_s"]["hidden_shapes"] = time.monotonic() - started
-    nulls = _NullKernels(settings["null_kernels"], protocols, device, record)
+    nulls = _NullKernels(settings["null_kernels"], protocols)
     for shape, overrides in shapes:
         announce(f"audit:load:{shape}")
         try:
@@ -222,10 +222,9 @@ def _tf32_summary(context: _FamilyContext, meta: dict, output: list, record: dic
 # ---- null kernels ------------------------------------------------------------------------------------------
 
 class _NullKernels:
-    def __init__(self, names, protocols, device, record):
+    def __init__(self, names, protocols):
         self.names = list(names)
         self.protocols = protocols
-        self.device = device
         self.alive = {name: {p.name for p in protocols} for name in self.names}
         self.checks: dict[str, list] = {name: [] for name in self.names}
         self.notes: dict[str, str] = {}
@@ -492,7 +491,8 @@ def _max_abs_diff(a: list, b: list) -> float:
     worst = 0.0
     for x, y in zip(a, b):
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            worst = worst if x == y else math.inf
+            if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
+                worst = math.inf
             continue
         if x.shape != y.shape:
             return math.inf

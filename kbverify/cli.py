@@ -37,11 +37,14 @@ def _resolve_device(device: str) -> str:
         return "cpu"
     from kbverify.sandbox import run_child
 
-    probe = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all").result or {}
+    outcome = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all")
+    probe = outcome.result or {}
     if device == "auto":
         return "cuda:0" if probe.get("cuda_available") else "cpu"
     if not probe.get("cuda_available"):
-        raise InfrastructureError("a CUDA device was asked for, but the worker sees none")
+        why = probe.get("infrastructure_error") or probe.get("cuda_error") or (
+            f"exit code {outcome.exit_code}: {(outcome.output_tail or outcome.output_head).strip()[-300:]}")
+        raise InfrastructureError(f"a CUDA device was asked for, but the worker sees none ({why})")
     return device if ":" in device else "cuda:0"
 
 

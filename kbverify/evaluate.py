@@ -13,7 +13,7 @@ from kbverify import guards
 from kbverify.correctness import flatten_outputs, summarize
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
 from kbverify.precision import set_tf32
-from kbverify.worker import (ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
+from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
                              short_error, synchronize, task_from)
 
 POISON_NAN = float("nan")
@@ -110,7 +110,7 @@ def candidate_job(payload: dict) -> dict:
     namespace = {k: v for k, v in namespaces["original"].items() if not k.startswith("__")}
     namespace["__name__"] = "kbverify_submission"
     try:
-        exec(compile(payload["submission_source"], "<submission>", "exec"), namespace)
+        exec(compile_untrusted(payload["submission_source"]), namespace)
     except BaseException as error:  # noqa: BLE001 - untrusted code: every failure is data
         return {**record, "load_error": short_error(error, 6000), "extensions": watch.record()}
     ModelNew = namespace.get("ModelNew")

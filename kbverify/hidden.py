@@ -13,7 +13,8 @@ The rule (`RULE`), for each task:
   3. two kinds of configuration: "smaller" halves each shape constant (2 and 3 lose one), "odd" moves each
      even one (>= 4) to n - 1, which is never a multiple of 8 (odd values are kept);
   4. each kind is tried over three scopes, the first that validates wins: every shape constant, then only
-     those not fed to the constructor, then only batch-like ones;
+     those not fed to the constructor, then a greedy pass that adds one constant at a time (batch-like
+     ones first) and keeps it when the configuration still validates;
   5. validation: the reference constructs and runs (on the meta device, so 6 GB tasks need no memory;
      for small tasks also for real on the CPU, where the output must be finite), the input shapes differ
      from the original's, and the estimated bytes (inputs, parameters, outputs) stay within the original's.
@@ -43,13 +44,13 @@ from kbverify.tasks import Task, execute_task, load_task_dir, source_sha256
 
 log = logging.getLogger(__name__)
 
-RULE = "kbverify-hidden/1: smaller (n//2, or n-1 for n<4), odd (n-1 for even n>=4); scopes all > inputs-only > batch"
+RULE = "kbverify-hidden/1: smaller (n//2, or n-1 for n<4), odd (n-1 for even n>=4); scopes all > inputs-only > greedy"
 # A real CPU run (the only place finiteness can be checked) is made when it is cheap: bytes bound the
 # memory, counted matmul/convolution flops bound the time.
 CPU_CHECK_MAX_BYTES = 64 * 2**20
 CPU_CHECK_MAX_FLOPS = 4 * 10**9
 KINDS = ("smaller", "odd")
-SCOPES = ("all", "inputs-only", "batch")
+SCOPES = ("all", "inputs-only", "greedy")
 
 # Name tokens (split on "_") that mark a hyper-parameter rather than a size, whatever its effect.
 _HYPER_TOKENS = frozenset({
@@ -65,7 +66,7 @@ class HiddenShape:
     overrides: dict  # constant name -> new value
     input_shapes: tuple  # one entry per get_inputs() item: a shape tuple, or None for a non-tensor
     validation: str  # what ran: "meta", "meta+cpu", "cpu-init+meta", "cpu", ...
-    kind: str = ""  # "smaller/all", "odd/batch", ...
+    kind: str = ""  # the rule's kind/scope: "smaller/all", "odd/greedy", ...
 
     def to_json(self) -> dict:
         return {"label": self.label, "overrides": self.overrides, "input_shapes": self.input_shapes,
@@ -120,8 +121,10 @@ def rewrite_constants(source: str, overrides: dict[str, object]) -> str:
     line_starts = _line_starts(data)
     edits: dict[tuple[int, int], list[bytes]] = {}
     for name, value in overrides.items():
-        text = _literal_text(value)
         binding = bindings[name]
+        if isinstance(value, list) and isinstance(binding.value, tuple):
+            value = _tuplify(value)  # overrides that went through JSON come back as lists
+        text = _literal_text(value)
         if binding.literal is not None:
             span = _byte_span(binding.literal, line_starts)
             edits.setdefault(span, []).append(text.encode())
@@ -476,7 +479,8 @@ def _scope(constants: list[_ShapeConstant], scope: str) -> list[_ShapeConstant]:
         return constants
     if scope == "inputs-only":
         return [c for c in constants if not c.feeds_constructor]
-    return [c for c in constants if c.batch_like]
+    # "greedy" adds one constant at a time: batch-like ones first, then the rest in file order.
+    return sorted(constants, key=lambda c: not c.batch_like)
 
 
 def generate_hidden_shapes(task: Task, *, max_configs: int = 2) -> list[HiddenShape]:
@@ -508,20 +512,34 @@ def _apply_rule(task: Task, max_configs: int) -> tuple[list[HiddenShape], str | 
 
 def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], original: _Probe,
                  rejections: list[str]) -> HiddenShape | None:
-    tried: list[dict] = []
+    checked: dict[str, tuple[str | None, _Probe]] = {}
+
+    def check(overrides: dict, scope: str) -> _Probe | None:
+        key = repr(sorted(overrides.items()))
+        if key not in checked:
+            checked[key] = _check(task, overrides, original)
+            if checked[key][0] is not None:
+                log.debug("%s: %s/%s %s rejected: %s", task.name, kind, scope, overrides, checked[key][0])
+                rejections.append(f"{kind}/{scope} {overrides}: {checked[key][0]}")
+        problem, probe = checked[key]
+        return probe if problem is None else None
+
     for scope in SCOPES:
-        overrides = {c.name: _new_value(kind, c.value) for c in _scope(constants, scope)}
-        overrides = {name: value for name, value in overrides.items()
-                     if value != next(c.value for c in constants if c.name == name)}
-        if not overrides or overrides in tried:
-            continue
-        tried.append(overrides)
-        problem, probe = _check(task, overrides, original)
-        if problem is None:
-            return HiddenShape(label="", overrides=overrides, input_shapes=probe.input_shapes,
+        kept: dict = {}
+        probe = None
+        for constant in _scope(constants, scope):
+            value = _new_value(kind, constant.value)
+            if value == constant.value:
+                continue
+            if scope != "greedy":
+                kept[constant.name] = value
+            elif (trial := check({**kept, constant.name: value}, scope)) is not None:
+                kept, probe = {**kept, constant.name: value}, trial
+        if kept and scope != "greedy":
+            probe = check(kept, scope)
+        if kept and probe is not None:
+            return HiddenShape(label="", overrides=kept, input_shapes=probe.input_shapes,
                                validation=probe.validation, kind=f"{kind}/{scope}")
-        log.debug("%s: %s/%s rejected: %s", task.name, kind, scope, problem)
-        rejections.append(f"{kind}/{scope}: {problem}")
     return None
 
 
@@ -586,7 +604,10 @@ def load_manifest(task: Task, hidden_dir: str | Path) -> list[HiddenShape] | Non
             continue
         data = _read_manifest(path)
         if data.get("task") == task.name and data.get("sha256") == task.sha256:
-            return [HiddenShape.from_json(shape) for shape in data.get("shapes", [])]
+            try:
+                return [HiddenShape.from_json(shape) for shape in data.get("shapes", [])]
+            except (KeyError, TypeError, AttributeError) as error:
+                raise InputError(f"{path}: malformed hidden shape: {_describe(error)}") from None
     return None
 
 

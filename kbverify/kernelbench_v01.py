@@ -63,11 +63,26 @@ def _snapshot(context: dict, names) -> dict:
     return {name: context.get(name) for name in names}
 
 
-def _rebound(before: dict, context: dict) -> list[str]:
+def _definitions(source: str) -> dict[str, str]:
+    """Top-level function and class definitions of a source, as AST dumps (formatting and comments ignored)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {node.name: ast.dump(node) for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _rebound(before: dict, context: dict, task_source: str, submission_source: str) -> list[str]:
+    """Names whose value the submission changed in the shared namespace. Redefining a function or class with
+    the same code (submissions often repeat get_inputs) changes nothing and is not reported."""
+    task_defs, submission_defs = _definitions(task_source), _definitions(submission_source)
     changed = []
     for name, value in before.items():
         now = context.get(name)
-        if now is value:
+        if now is value or (name in task_defs and task_defs.get(name) == submission_defs.get(name)):
             continue
         try:
             same = bool(now == value)
@@ -108,7 +123,7 @@ def eval_job(payload: dict) -> dict:
         record["compilation_error"] = short_error(error)
         record["extensions"] = watch.record()
         return record
-    record["namespace_rebind"] = _rebound(before, context)
+    record["namespace_rebind"] = _rebound(before, context, task.source, payload["submission_source"])
     record["extensions"] = watch.record()
     if ModelNew is None:
         record["compilation_error"] = "SyntaxError: the submission defines no ModelNew"

@@ -82,16 +82,19 @@ def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None
     """Run each native submission's module level once, in parallel, so later evaluation finds its build cached."""
     unique = {}
     for entry in entries:
-        if entry.submission and scan(entry.submission.source).native_sources:
-            unique.setdefault(entry.submission.sha256, entry.submission)
+        if entry.submission and entry.task and scan(entry.submission.source).native_sources:
+            unique.setdefault(entry.submission.sha256, (entry.submission, entry.task))
     if not unique:
         return {}
     workers = workers or max(1, os.cpu_count() or 1)
     log.info("prebuilding %d native submissions on %d workers", len(unique), workers)
 
-    def build(submission):
-        outcome = run_child("build", {"submission_source": submission.source, "device": options.device},
-                            timeout_s=BUILD_TIMEOUT_S, device=options.device, env=build_env(submission, options))
+    def build(pair):
+        submission, task = pair
+        payload = {"submission_source": submission.source, "task_source": task.source, "task_name": task.name,
+                   "device": options.device}
+        outcome = run_child("build", payload, timeout_s=BUILD_TIMEOUT_S, device=options.device,
+                            env=build_env(submission, options))
         return submission.sha256, (outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
                                                       else f"build process died (exit {outcome.exit_code})"})
 

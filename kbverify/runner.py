@@ -421,7 +421,7 @@ def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
         if cached is not None:
             return float(cached)
     if clean is None or not clean.get("rounds"):
-        return stats.DEFAULT_MARGIN if hasattr(stats, "DEFAULT_MARGIN") else 0.01
+        return stats.DEFAULT_NOISE_MARGIN
     rounds = [(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]]
     margin = float(stats.noise_margin_from_aa(rounds))
     if margin_cache is not None:
@@ -438,7 +438,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     if not rounds:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
     estimate = stats.paired_speedup(rounds)
-    margin = float(verdict.timing.get("noise_margin", 0.01))
+    margin = float(verdict.timing.get("noise_margin", stats.DEFAULT_NOISE_MARGIN))
     warnings = list(verdict.warnings)
     ref_ms = _median([t for r in rounds for t in r[0]])
     cand_ms = _median([t for r in rounds for t in r[1]])

@@ -27,16 +27,20 @@ _POLL_S = 0.05
 
 _context = None
 # Imported once in the forkserver so each child starts warm; none of these touches CUDA at import.
-PRELOAD = ["torch", "torch.utils.cpp_extension", "numpy", "kbverify.worker", "kbverify.evaluate",
-           "kbverify.timing", "kbverify.kernelbench_v01", "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
+# Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
+# children, so it is imported in each child instead.
+PRELOAD = ["torch", "numpy", "kbverify.worker", "kbverify.evaluate", "kbverify.timing", "kbverify.kernelbench_v01",
+           "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
 
 
 def _forkserver():
     global _context
     if _context is None:
+        method = os.environ.get("KBVERIFY_START_METHOD", "forkserver")
         try:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
+            context = multiprocessing.get_context(method)
+            if method == "forkserver":
+                context.set_forkserver_preload(PRELOAD)
         except ValueError:  # platforms without forkserver
             context = multiprocessing.get_context("spawn")
         _context = context
@@ -75,6 +79,23 @@ class ChildOutcome:
 def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
               env: dict | None = None, keep_dir: bool = False) -> ChildOutcome:
     """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
+    outcome = _run_child(job, payload, timeout_s=timeout_s, device=device, env=env, keep_dir=keep_dir)
+    error = (outcome.result or {}).get("infrastructure_error", "")
+    if "forked subprocess" in error and _context is not None and _context.get_start_method() == "forkserver":
+        # Something the server preloaded touched CUDA, so forked children cannot use it: spawn from now on.
+        log.warning("CUDA is unusable in forked workers here (%s); falling back to spawned workers", error)
+        _use_spawn()
+        outcome = _run_child(job, payload, timeout_s=timeout_s, device=device, env=env, keep_dir=keep_dir)
+    return outcome
+
+
+def _use_spawn() -> None:
+    global _context
+    _context = multiprocessing.get_context("spawn")
+
+
+def _run_child(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None,
+               keep_dir: bool) -> ChildOutcome:
     workdir = Path(tempfile.mkdtemp(prefix=f"kbverify-{job}-"))
     child_env = dict(env or {})
     visible = _visible_devices(device)

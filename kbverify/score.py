@@ -168,8 +168,29 @@ def read_score_jsonl(path: str | Path) -> list[ScoreRow]:
 
 
 def table_to_dict(table: ScoreTable) -> dict:
-    """JSON-ready form of a table (nested per-level tables included)."""
-    return dataclasses.asdict(table)
+    """JSON-ready form of a table, per-level tables nested under `by_level`.
+
+    Keys: n_tasks, n_correct, samples, confidence, level, rows (one per p: p, fast_p, fast_p_ci, n_fast,
+    confident_fast_p), geomean_speedup, geomean_speedup_ci, n_geomean, by_level, excluded.
+    """
+    geo = table.geomean
+    return {
+        "n_tasks": table.n_tasks,
+        "n_correct": table.n_correct,
+        "samples": table.samples,
+        "confidence": table.confidence,
+        "level": table.level,
+        "rows": [
+            {"p": e.p, "fast_p": e.fast_p, "fast_p_ci": [e.ci_low, e.ci_high], "n_fast": e.n_fast,
+             "confident_fast_p": e.confident_fast_p}
+            for e in table.fast
+        ],
+        "geomean_speedup": None if geo is None else geo.speedup,
+        "geomean_speedup_ci": None if geo is None else [geo.ci_low, geo.ci_high],
+        "n_geomean": 0 if geo is None else geo.n_kernels,
+        "by_level": [table_to_dict(sub) for sub in table.by_level],
+        "excluded": list(table.excluded),
+    }
 
 
 def format_table_markdown(table: ScoreTable) -> str:

@@ -20,7 +20,7 @@ from kbverify.correctness import flatten_outputs
 from kbverify.evaluate import build_reference, shape_namespaces
 from kbverify.inputs import derive_seed, draw_inputs
 from kbverify.precision import assert_baseline_flags, set_tf32, tf32_state
-from kbverify.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
+from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
                              task_from)
 
 EVENT_FLOOR_MS = 0.0005
@@ -166,7 +166,7 @@ def timing_job(payload: dict) -> dict:
         cand_namespace = {k: v for k, v in namespace.items() if not k.startswith("__")}
         cand_namespace["__name__"] = "kbverify_submission"
         try:
-            exec(compile(payload["submission_source"], "<submission>", "exec"), cand_namespace)
+            exec(compile_untrusted(payload["submission_source"]), cand_namespace)
             set_seed(weight_seed)
             candidate = cand_namespace["ModelNew"](*namespace["get_init_inputs"]())
             state = reference.state_dict()

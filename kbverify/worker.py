@@ -20,6 +20,10 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
     global _WORKDIR
     _WORKDIR = workdir
     torch.set_num_threads(1)
+    if str(payload.get("device", "cpu")).startswith("cuda") and job != "probe":
+        # Bring CUDA up before any untrusted code runs, so a broken device is our failure, never the kernel's.
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")
     import importlib
 
     module_name, _, function = JOBS[job].partition(":")
@@ -75,6 +79,17 @@ def to_device(values, device: torch.device) -> list:
 
 def task_from(payload: dict) -> tasks_module.Task:
     return tasks_module.parse_task(payload["task_source"], name=payload["task_name"])
+
+
+def compile_untrusted(source: str, filename: str = "<submission>"):
+    """Compile a submission under a unique file name registered with linecache: Triton's @jit reads the kernel's
+    source through inspect, which needs it."""
+    import hashlib
+    import linecache
+
+    name = f"{filename[:-1]}-{hashlib.sha256(source.encode()).hexdigest()[:12]}>" if filename.endswith(">") else filename
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return compile(source, name, "exec")
 
 
 def short_error(error: BaseException, limit: int = 2000) -> str:
@@ -184,12 +199,25 @@ class ExtensionWatch:
 
 
 def build_job(payload: dict) -> dict:
-    """Execute the submission's module level once so any import-time native build lands in the cache."""
+    """Execute the submission's module level once so any import-time native build lands in the cache; given the
+    task too, also construct ModelNew and run one forward, because many submissions build lazily in there."""
     announce("candidate:build")
     watch = ExtensionWatch().install()
-    namespace = {"__name__": "kbverify_submission"}
+    namespace: dict = {"__name__": "kbverify_submission"}
+    task = task_from(payload) if payload.get("task_source") else None
     try:
-        exec(compile(payload["submission_source"], "<submission>", "exec"), namespace)
+        if task is not None:
+            task_namespace = tasks_module.execute_task(task)
+            namespace.update({k: v for k, v in task_namespace.items() if not k.startswith("__")})
+        exec(compile_untrusted(payload["submission_source"]), namespace)
+        if task is not None and "ModelNew" in namespace:
+            device = device_from(payload)
+            announce("candidate:build:forward")
+            set_seed(42)
+            model = namespace["ModelNew"](*to_device(namespace["get_init_inputs"](), device)).to(device)
+            with torch.no_grad():
+                model(*to_device(namespace["get_inputs"](), device))
+            synchronize(device)
         ok, error = True, ""
     except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is data
         ok, error = False, short_error(exc, 6000)
@@ -199,12 +227,27 @@ def build_job(payload: dict) -> dict:
 def probe_job(payload: dict) -> dict:
     """What this worker sees: versions and devices (for provenance and `--device auto`)."""
     available = torch.cuda.is_available()
+    cuda_error = None
+    if not available and torch.version.cuda:
+        try:
+            torch.cuda.init()
+        except Exception as error:  # noqa: BLE001 - the reason is what the caller needs to see
+            cuda_error = short_error(error, 500)
     wants_cuda = payload.get("device", "cpu").startswith("cuda")
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn": _cudnn_version(),
         "cuda_available": available,
+        "cuda_error": cuda_error,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device_count": torch.cuda.device_count() if available else 0,
         "gpu_name": torch.cuda.get_device_name(0) if available and wants_cuda else None,
     }
+
+
+def _cudnn_version():
+    try:
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except RuntimeError:
+        return None

@@ -102,9 +102,10 @@ def run_shards(args) -> None:
     """One copy of this script per GPU, each on every N-th task; their partial files merged into ours."""
     processes = []
     for index in range(args.gpus):
-        command = [sys.executable, __file__, str(args.tasks), f"{args.out_prefix}.shard{index}",
-                   "--device", f"cuda:{index}", "--levels", args.levels, "--protocol", args.protocol,
-                   "--seeds", str(args.seeds), "--timeout", str(args.timeout), "--shard", f"{index}/{args.gpus}"]
+        device = f"cuda:{index}" if args.device.startswith("cuda") else args.device
+        command = [sys.executable, __file__, str(args.tasks), f"{args.out_prefix}.shard{index}", "--device", device,
+                   "--levels", args.levels, "--protocol", args.protocol, "--seeds", str(args.seeds),
+                   "--timeout", str(args.timeout), "--shard", f"{index}/{args.gpus}"]
         command += [f"--hidden-tests={d}" for d in args.hidden_tests]
         command += ["--no-hidden"] * args.no_hidden + ["--fresh"] * args.fresh
         processes.append(subprocess.Popen(command))

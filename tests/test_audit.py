@@ -158,7 +158,7 @@ def test_honest_tasks_are_not_degenerate(audited, name):
 
 def test_thresholds_are_data(audited):
     _, _, prefix, tasks = audited
-    lines = {json.loads(line)["name"]: json.loads(line) for line in Path(f"{prefix}.partial.jsonl").read_text().splitlines()}
+    lines = {line["name"]: line for line in map(json.loads, Path(f"{prefix}.partial.jsonl").read_text().splitlines())}
     strict = AuditThresholds(mostly_fraction=0.95)  # relu(x − 0.9) zeroes ~90% of the elements
     shrink = assess(tasks["4_MostlyZero_Shrink"], lines["4_MostlyZero_Shrink"], protocols=PROTOCOLS, thresholds=strict)
     assert "mostly_zero" not in shrink.flags

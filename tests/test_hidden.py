@@ -78,6 +78,31 @@ def get_init_inputs():
     return [features, num_groups]
 """
 
+# The input channel count is a module constant the model ignores: its convolution expects 3 channels.
+HARD_CODED_CHANNELS = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x)
+
+batch_size = 4
+input_channels = 3
+height = 16
+width = 16
+
+def get_inputs():
+    return [torch.rand(batch_size, input_channels, height, width)]
+
+def get_init_inputs():
+    return []
+"""
+
 # The model only works at the batch size it was written for: no configuration can validate.
 HARD_CODED = """
 import torch
@@ -184,6 +209,13 @@ def test_rewrite_handles_unpacking_arithmetic_and_annotations():
     assert (namespace["M"], namespace["n"], namespace["k"]) == (10, 7, 11)
 
 
+def test_rewrite_keeps_tuples_that_went_through_json():
+    source = "input_shape = (4096,)\nfull = (8,) + input_shape\n"
+    namespace = {}
+    exec(rewrite_constants(source, json.loads(json.dumps({"input_shape": (2048,)}))), namespace)
+    assert namespace["full"] == (8, 2048)
+
+
 def test_rewrite_unknown_name_is_an_input_error():
     with pytest.raises(InputError, match="not_there"):
         rewrite_constants(CONV_BIAS, {"not_there": 3})
@@ -271,6 +303,14 @@ def test_broken_constraint_falls_back_to_inputs_only(tmp_path):
     assert odd.kind == "odd/inputs-only"
     assert "features" not in odd.overrides and "num_groups" not in odd.overrides
     assert odd.overrides == {"batch_size": 7, "dim1": 11}
+
+
+def test_constant_the_model_cannot_follow_is_dropped_greedily(tmp_path):
+    task = _task(tmp_path, HARD_CODED_CHANNELS)
+    smaller, odd = generate_hidden_shapes(task)
+    assert smaller.kind == "smaller/greedy"
+    assert smaller.overrides == {"batch_size": 2, "height": 8, "width": 8}
+    assert odd.overrides == {"batch_size": 3, "height": 15, "width": 15}  # 3 channels is already odd
 
 
 def test_model_that_only_works_at_its_own_shapes_gets_none(tmp_path):

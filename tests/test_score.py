@@ -224,8 +224,13 @@ def test_table_renders_to_dict_and_markdown():
     table = score_rows(rows, ps=(0, 1), exclude={"0_Failed"})
     data = json.loads(json.dumps(table_to_dict(table)))
     assert data["n_tasks"] == 10
-    assert data["fast"][1]["p"] == 1.0
+    assert data["rows"][1]["p"] == 1.0
+    assert data["rows"][1]["fast_p"] == pytest.approx(0.5)
+    assert data["rows"][1]["fast_p_ci"] == [table.at(1).ci_low, table.at(1).ci_high]
+    assert data["geomean_speedup"] == pytest.approx(table.geomean.speedup)
+    assert data["excluded"] == ["0_Failed"]
     assert [level["level"] for level in data["by_level"]] == [1, 2]
+    assert data["by_level"][1]["n_tasks"] == 1
     text = format_table_markdown(table)
     assert "| 1 | 50.0% |" in text  # fast_1 = 5/10
     assert "Excluded as degenerate (1): 0_Failed" in text

@@ -1,0 +1,269 @@
+"""How precise is kbverify's interleaved timing on this GPU, and how does KernelBench's own method compare?
+
+    python3 scripts/bench_timing.py --out DIR [--device cuda:0] [--repeats 3] [--budget-s 2.0] [--only NAME,...]
+
+For each benchmark task (references from ~10 us to a few ms):
+  1. A/A: the reference timed against an identical copy of itself by the `reference_timing` worker (interleaved
+     rounds, L2 flushed, fresh inputs per call), `--repeats` times in fresh processes: |estimate - 1|, the 95% CI
+     half-width, the rounds and seconds of timing each measurement took.
+  2. The known 2x case: a ModelNew that calls the reference forward twice, timed by the `timing` worker against
+     one call: the estimate should be about 0.5 with 0.5 inside (or close to) its CI.
+  3. KernelBench's method (time_execution_with_cuda_event: 3 warm-ups, 100 trials on the same inputs, a
+     synchronise after each, mean; reference then copy, no interleaving), re-implemented here, same repeats.
+  4. For matmul and convolution tasks: the TF32 baseline (matmul and cuDNN TF32 on, as `verified` times it)
+     against PyTorch's default flags (matmul TF32 off, cuDNN TF32 on, as KernelBench timed it), interleaved.
+Prints a table and writes DIR/bench_timing.json with every raw number. Built to finish in under 6 minutes on one
+H200 with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kbverify import stats  # noqa: E402
+from kbverify.inputs import new_run_secret  # noqa: E402
+from kbverify.sandbox import run_child  # noqa: E402
+from kbverify.tasks import Task, load_task  # noqa: E402
+
+log = logging.getLogger("bench_timing")
+
+TASKS = REPO / "tasks" / "gpu"
+
+
+@dataclass(frozen=True)
+class BenchTask:
+    name: str
+    path: Path
+    tf32_sensitive: bool  # runs a cuBLAS matmul or a cuDNN convolution: TF32 flags change what it computes
+
+
+BENCH_TASKS = (
+    BenchTask("relu_4096x8192", TASKS / "level1" / "1_ReLU_4096x8192.py", False),
+    BenchTask("relu_16x16384", TASKS / "level1" / "2_ReLU_16x16384.py", False),
+    BenchTask("matmul_4096", TASKS / "level1" / "4_Matmul_4096_square.py", True),
+    BenchTask("conv_relu_128x16x128", TASKS / "level2" / "2_Conv2d_ReLU_BiasAdd_128x16x128.py", True),
+    BenchTask("layernorm_8192x1024", TASKS / "level1" / "7_LayerNorm_8192x1024.py", False),
+    BenchTask("softmax_16x16384", TASKS / "level1" / "6_Softmax_16x16384_rand.py", False),
+)
+
+# The reference called twice per forward: exactly twice the work of one call.
+TWICE_SOURCE = '''
+class ModelNew(Model):
+    def forward(self, *args):
+        super().forward(*args)
+        return super().forward(*args)
+'''
+
+# The reference under PyTorch's default flags, timed against the TF32 baseline.
+DEFAULT_FLAGS_SOURCE = '''
+import torch
+
+
+class ModelNew(Model):
+    def forward(self, *args):
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            return super().forward(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+'''
+
+
+def _timing_payload(task: Task, source: str, args) -> dict:
+    return {"task_source": task.source, "task_name": task.name, "submission_source": source,
+            "device": args.device, "secret": new_run_secret(), "budget_s": args.budget_s,
+            "ci_half_width": args.ci_half_width, "train_mode": True, "baseline_matmul_tf32": True,
+            "baseline_cudnn_tf32": True, "candidate_grad_enabled": False}
+
+
+def _interleaved(job: str, task: Task, source: str, args) -> dict:
+    """One measurement in a fresh worker; the estimate is recomputed here from the raw rounds."""
+    started = time.monotonic()
+    outcome = run_child(job, _timing_payload(task, source, args), timeout_s=args.timeout_s, device=args.device)
+    wall_s = time.monotonic() - started
+    record = outcome.result or {}
+    rounds = [(r["ref_ms"], r["cand_ms"]) for r in record.get("rounds", [])]
+    if not rounds:
+        reason = record.get("error") or record.get("load_error") or (outcome.output_tail or "")[-500:]
+        return {"error": reason or "no rounds", "wall_s": wall_s}
+    estimate = stats.paired_speedup(rounds)
+    return {"estimate": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high],
+            "ci_half_width": stats.half_width(estimate), "rounds": len(rounds), "method": estimate.method,
+            "ref_ms": statistics.median(t for r in rounds for t in r[0]),
+            "cand_ms": statistics.median(t for r in rounds for t in r[1]),
+            "timing_s": record.get("timing_s"), "wall_s": wall_s}
+
+
+# ---- KernelBench's method, re-implemented (scripts/generate_baseline_time.py + src/eval.py of v0.1) ---------
+
+def _kernelbench_times(model, inputs, *, warmups: int, trials: int, torch) -> list[float]:
+    with torch.no_grad():
+        for _ in range(warmups):
+            model(*inputs)
+            torch.cuda.synchronize()
+        times = []
+        for _ in range(trials):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    return times
+
+
+def kernelbench_aa(task: Task, args) -> list[dict]:
+    """Reference then an identical copy, each 3 warm-ups + 100 trials on the same inputs, means compared."""
+    import torch
+
+    from kbverify.precision import set_tf32
+    from kbverify.tasks import execute_task
+
+    device = torch.device(args.device)
+    torch.cuda.set_device(device)
+    set_tf32(matmul=False, cudnn=True)  # PyTorch's defaults, as KernelBench's baselines were timed
+    results = []
+    for repeat in range(args.repeats):
+        namespace = execute_task(task)
+        torch.manual_seed(42)
+        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
+        torch.manual_seed(42)
+        init = namespace["get_init_inputs"]()
+        torch.manual_seed(42)
+        reference = namespace["Model"](*init).to(device)
+        torch.manual_seed(42)
+        copy = namespace["Model"](*init).to(device)
+        ref_ms = statistics.fmean(_kernelbench_times(reference, inputs, warmups=3, trials=100, torch=torch))
+        copy_ms = statistics.fmean(_kernelbench_times(copy, inputs, warmups=3, trials=100, torch=torch))
+        results.append({"repeat": repeat, "ref_ms": ref_ms, "copy_ms": copy_ms, "ratio": ref_ms / copy_ms})
+        del reference, copy, inputs
+        torch.cuda.empty_cache()
+    return results
+
+
+# ---- summaries ----------------------------------------------------------------------------------------------
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(name: str, entry: dict) -> dict:
+    aa = [m for m in entry["aa"] if "estimate" in m]
+    kb = entry.get("kernelbench_aa", [])
+    twice = entry.get("twice") or {}
+    tf32 = entry.get("tf32_vs_default") or {}
+    ratios = [m["ratio"] for m in kb]
+    return {
+        "task": name,
+        "ref_ms": _median(m["ref_ms"] for m in aa),
+        "aa_abs_dev": _median(abs(m["estimate"] - 1.0) for m in aa),
+        "aa_ci_half_width": _median(m["ci_half_width"] for m in aa),
+        "aa_ci_covers_1": sum(m["ci"][0] <= 1.0 <= m["ci"][1] for m in aa),
+        "aa_n": len(aa),
+        "aa_timing_s": _median(m["timing_s"] for m in aa),
+        "aa_rounds": _median(m["rounds"] for m in aa),
+        "kb_abs_dev": _median(abs(r - 1.0) for r in ratios),
+        "kb_half_range": (max(ratios) - min(ratios)) / 2 if ratios else None,
+        "twice": twice.get("estimate"),
+        "twice_ci": twice.get("ci"),
+        "twice_covers_half": (twice["ci"][0] <= 0.5 <= twice["ci"][1]) if "ci" in twice else None,
+        # the candidate ran with default flags against the TF32 baseline: TF32's gain is its reciprocal
+        "tf32_gain": (1.0 / tf32["estimate"]) if "estimate" in tf32 else None,
+        "tf32_gain_ci": [1.0 / tf32["ci"][1], 1.0 / tf32["ci"][0]] if "ci" in tf32 else None,
+    }
+
+
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    header = ("task", "ref ms", "A/A |d|", "A/A CI±", "CI∋1", "s/meas", "rounds", "KB |d|", "KB ½range",
+              "2x est", "2x CI", "TF32 gain")
+    lines = [header]
+    for r in rows:
+        twice_ci = "-" if not r["twice_ci"] else f"[{r['twice_ci'][0]:.3f}, {r['twice_ci'][1]:.3f}]"
+        lines.append((r["task"], _fmt(r["ref_ms"], ".4f"), _fmt(r["aa_abs_dev"], ".3f", 100) + "%",
+                      _fmt(r["aa_ci_half_width"], ".3f", 100) + "%", f"{r['aa_ci_covers_1']}/{r['aa_n']}",
+                      _fmt(r["aa_timing_s"], ".2f"), _fmt(r["aa_rounds"], ".0f"),
+                      _fmt(r["kb_abs_dev"], ".2f", 100) + "%", _fmt(r["kb_half_range"], ".2f", 100) + "%",
+                      _fmt(r["twice"], ".3f"), twice_ci, _fmt(r["tf32_gain"], ".2f")))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    for index, line in enumerate(lines):
+        print("  ".join(str(cell).rjust(width) for cell, width in zip(line, widths)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for bench_timing.json")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--repeats", type=int, default=3, help="A/A measurements per task and method")
+    parser.add_argument("--budget-s", type=float, default=2.0, help="timing budget per interleaved measurement")
+    parser.add_argument("--ci-half-width", type=float, default=0.005, help="adaptive stop: target CI half-width")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="hard limit per worker")
+    parser.add_argument("--only", default="", help="comma-separated task names (default: all)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.device.startswith("cuda"):
+        parser.error("timing is measured on a CUDA device")
+    wanted = {name for name in args.only.split(",") if name}
+    chosen = [t for t in BENCH_TASKS if not wanted or t.name in wanted]
+    if not chosen:
+        parser.error(f"--only matches none of {', '.join(t.name for t in BENCH_TASKS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    started = time.monotonic()
+    results: dict = {}
+    # Workers first: this process touches CUDA only for KernelBench's method, at the end.
+    for bench in chosen:
+        task = load_task(bench.path)
+        entry: dict = {"task": task.key, "aa": []}
+        for repeat in range(args.repeats):
+            entry["aa"].append(_interleaved("reference_timing", task, "", args))
+            print(f"{bench.name}: A/A {repeat + 1}/{args.repeats}: {_brief(entry['aa'][-1])}", flush=True)
+        entry["twice"] = _interleaved("timing", task, TWICE_SOURCE, args)
+        print(f"{bench.name}: 2x case: {_brief(entry['twice'])}", flush=True)
+        if bench.tf32_sensitive:
+            entry["tf32_vs_default"] = _interleaved("timing", task, DEFAULT_FLAGS_SOURCE, args)
+            print(f"{bench.name}: default flags vs TF32: {_brief(entry['tf32_vs_default'])}", flush=True)
+        results[bench.name] = entry
+    for bench in chosen:
+        results[bench.name]["kernelbench_aa"] = kernelbench_aa(load_task(bench.path), args)
+    rows = [summarize(name, entry) for name, entry in results.items()]
+    wall_s = time.monotonic() - started
+    print()
+    print_table(rows)
+    print(f"\n{len(rows)} tasks in {wall_s:.0f} s")
+    out_path = args.out / "bench_timing.json"
+    out_path.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall_s,
+                                    "summary": rows, "raw": results}, indent=1))
+    print(f"wrote {out_path}")
+    return 0
+
+
+def _brief(measurement: dict) -> str:
+    if "error" in measurement:
+        return "error: " + str(measurement["error"])[:200]
+    return (f"{measurement['estimate']:.4f} [{measurement['ci'][0]:.4f}, {measurement['ci'][1]:.4f}] "
+            f"({measurement['rounds']} rounds, {measurement['timing_s'] or 0:.2f} s timed, "
+            f"{measurement['wall_s']:.1f} s wall)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

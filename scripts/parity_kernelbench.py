@@ -1,0 +1,236 @@
+"""Parity of `kbverify check --protocol original` with KernelBench v0.1's own eval, on one GPU, in one session.
+
+Needs a local copy of KernelBench v0.1's `src/` (given with --kb; this script downloads nothing) and the CUDA-L1
+corpus with its anchor subset. For every kernel, alternately KernelBench first or kbverify first:
+  KernelBench: a fresh process times the reference with `measure_program_time` (its baseline script, before any
+  custom code, not counted in its cost), then runs `eval_kernel_against_ref(seed 42, 5 trials, 100 perf trials)`;
+  kbverify: `python3 -m kbverify check SUB --task REF --protocol original --device cuda --json` in a fresh process.
+Builds are made beforehand for both (construct + one forward, since many kernels build lazily) and excluded.
+Writes parity.jsonl and parity.md to --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+KB_EVAL = r'''
+import json, sys, time, os
+started = float(sys.argv[5])
+sys.path.insert(0, sys.argv[1])
+from src import eval as kb_eval
+import torch
+imported = time.time()
+ref = open(sys.argv[2]).read(); custom = open(sys.argv[3]).read()
+device = torch.device("cuda:0")
+# The reference first, in this fresh process before any custom code (so no flag it sets can leak into it):
+# measure_program_time from KernelBench's scripts/generate_baseline_time.py (v0.1), eager, default flags.
+context = {}
+Model, get_init_inputs, get_inputs = kb_eval.load_original_model_and_inputs(ref, context)
+with torch.no_grad():
+    torch.cuda.synchronize(device=device)
+    kb_eval.set_seed(42); inputs = get_inputs()
+    kb_eval.set_seed(42); init_inputs = get_init_inputs()
+    inputs = [x.cuda(device=device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    init_inputs = [x.cuda(device=device) if isinstance(x, torch.Tensor) else x for x in init_inputs]
+    model = Model(*init_inputs).cuda(device=device)
+    torch.cuda.synchronize(device=device)
+    times = kb_eval.time_execution_with_cuda_event(model, *inputs, num_trials=100, verbose=False, device=device)
+baseline = kb_eval.get_timing_stats(times, device=device)
+del model, inputs, init_inputs, context
+torch.cuda.empty_cache()
+eval_started = time.time()
+result = kb_eval.eval_kernel_against_ref(ref, custom, seed_num=42, num_correct_trials=5, num_perf_trials=100,
+                                         measure_performance=True, build_dir=sys.argv[4], device=device)
+out = {"import_s": imported - started, "eval_s": time.time() - eval_started, "baseline": baseline}
+if result is None:
+    out["retry"] = True
+else:
+    out.update(compiled=result.compiled, correctness=result.correctness, runtime=result.runtime,
+               metadata={k: str(v)[:300] for k, v in result.metadata.items()})
+print("KBRESULT " + json.dumps(out))
+'''
+
+KB_PREBUILD = r'''
+import sys, os
+sys.path.insert(0, sys.argv[1])
+import torch
+from src.eval import load_original_model_and_inputs, load_custom_model, set_seed
+ref = open(sys.argv[2]).read(); custom = open(sys.argv[3]).read()
+context = {}
+Model, get_init_inputs, get_inputs = load_original_model_and_inputs(ref, context)
+ModelNew = load_custom_model(custom, context, sys.argv[4])
+set_seed(42)
+model = ModelNew(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in get_init_inputs()]).cuda()
+with torch.no_grad():
+    model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in get_inputs()])
+torch.cuda.synchronize()
+'''
+
+
+def _kb_result(stdout: str) -> dict | None:
+    for line in stdout.splitlines():
+        if line.startswith("KBRESULT "):
+            return json.loads(line[len("KBRESULT "):])
+    return None
+
+
+def load_kernels(corpus: Path, subset: Path, limit: int, extra: Path | None, repo: Path) -> list[dict]:
+    wanted = [(k["level_id"], k["task_id"]) for k in json.loads(subset.read_text())["kernels"]][:limit]
+    rows = {}
+    for line in corpus.read_text().splitlines():
+        row = json.loads(line)
+        rows[(row["level_id"], row["task_id"])] = row
+    kernels = [{"id": f"cuda-l1/level{lv}/{tid}", "ref": rows[(lv, tid)]["ref_code"],
+                "custom": rows[(lv, tid)]["custom_code"], "claimed": rows[(lv, tid)].get("score_default")}
+               for lv, tid in wanted]
+    if extra is not None:
+        for path in sorted(extra.glob("*.py")):
+            header = path.read_text().splitlines()[0]
+            task = header.split("task=", 1)[1].strip()
+            kernels.append({"id": f"own/{path.stem}", "ref": (repo / task).read_text(), "custom": path.read_text(),
+                            "claimed": None})
+    return kernels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kb", type=Path, required=True, help="folder holding KernelBench v0.1's src/")
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--subset", type=Path, required=True)
+    parser.add_argument("--extra", type=Path, default=None, help="folder of own CUDA kernels (tests/gpu_corpus/honest)")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--work", type=Path, default=Path(".device/parity"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--kb-from", type=int, default=0,
+                        help="run KernelBench only from this kernel index on (earlier ones were measured already)")
+    args = parser.parse_args()
+    repo = Path(__file__).resolve().parent.parent
+    kernels = load_kernels(args.corpus, args.subset, args.limit, args.extra, repo)
+    for index, kernel in enumerate(kernels):
+        kernel["run_kb"] = index >= args.kb_from
+    kernels = kernels[args.start:args.start + args.count]
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": f"{repo}:{os.environ.get('PYTHONPATH', '')}",
+           "KBVERIFY_CACHE": str((args.work / "kbverify-cache").resolve())}
+    for kernel in kernels:
+        folder = args.work / kernel["id"].replace("/", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "ref.py").write_text(kernel["ref"])
+        (folder / "custom.py").write_text(kernel["custom"])
+        kernel["folder"] = folder.resolve()
+
+    def prebuild(kernel):
+        folder = kernel["folder"]
+        started = time.time()
+        if kernel["run_kb"] and not (folder / "kb.built").exists():
+            subprocess.run([sys.executable, "-c", KB_PREBUILD, str(args.kb.resolve()), str(folder / "ref.py"),
+                            str(folder / "custom.py"), str(folder / "kb_build")], env=env, capture_output=True,
+                           timeout=600)
+            (folder / "kb.built").write_text("")
+        if not (folder / "kbv.built").exists():
+            code = ("import sys; from kbverify.rescore import prebuild; from kbverify.importers import Entry;"
+                    "from kbverify.tasks import parse_task; from kbverify.submissions import make_submission;"
+                    "from kbverify.runner import CheckOptions;"
+                    "t=parse_task(open(sys.argv[1]).read(), name='ref'); s=make_submission(open(sys.argv[2]).read(), id='custom.py');"
+                    "e=Entry('x', t, s, None, None, 0, None, None, 'jsonl', None);"
+                    "print(prebuild([e], CheckOptions(device='cuda:0'), workers=1))")
+            subprocess.run([sys.executable, "-c", code, str(folder / "ref.py"), str(folder / "custom.py")], env=env,
+                           capture_output=True, timeout=900)
+            (folder / "kbv.built").write_text("")
+        return time.time() - started
+
+    started = time.time()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        build_s = list(pool.map(prebuild, kernels))
+    print(f"prebuild: {len(kernels)} kernels in {time.time() - started:.0f} s", flush=True)
+
+    results = []
+    for index, kernel in enumerate(kernels):
+        folder = kernel["folder"]
+        order = ["kb", "kbverify"] if index % 2 == 0 else ["kbverify", "kb"]
+        record = {"id": kernel["id"], "claimed": kernel["claimed"], "order": order}
+        for side in order:
+            if side == "kb" and not kernel["run_kb"]:
+                continue
+            if side == "kb":
+                t0 = time.time()
+                run = subprocess.run([sys.executable, "-c", KB_EVAL, str(args.kb.resolve()), str(folder / "ref.py"),
+                                      str(folder / "custom.py"), str(folder / "kb_build"), str(t0)], env=env,
+                                     capture_output=True, text=True, timeout=args.timeout)
+                record["kb"] = _kb_result(run.stdout) or {"error": run.stderr[-500:]}
+                # KernelBench's cost: process start and imports, plus eval_kernel_against_ref (not the baseline)
+                record["kb_process_s"] = record["kb"].get("import_s", 0) + record["kb"].get("eval_s", 0)
+                record["kb_baseline"] = record["kb"].get("baseline", {})
+            else:
+                t0 = time.time()
+                run = subprocess.run([sys.executable, "-m", "kbverify", "check", str(folder / "custom.py"), "--task",
+                                      str(folder / "ref.py"), "--protocol", "original", "--device", "cuda",
+                                      "--json", "--timeout", str(args.timeout)], env=env, capture_output=True,
+                                     text=True, timeout=args.timeout * 3)
+                record["kbverify_process_s"] = time.time() - t0
+                try:
+                    record["kbverify"] = json.loads(run.stdout.strip().splitlines()[-1])["verdicts"]["original"]
+                except (IndexError, json.JSONDecodeError, KeyError):
+                    record["kbverify"] = {"error": (run.stderr or run.stdout)[-800:]}
+        record.update(_compare(record))
+        results.append(record)
+        with open(args.out / "parity.jsonl", "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(_row(record), flush=True)
+    print(_summary(results))
+
+
+def _compare(record: dict) -> dict:
+    kb, kv = record.get("kb", {}), record.get("kbverify", {})
+    kb_correct = bool(kb.get("compiled") and kb.get("correctness"))
+    kv_correct = kv.get("status") == "passed"
+    kb_speedup = None
+    if kb_correct and kb.get("runtime", -1) > 0 and record.get("kb_baseline", {}).get("mean"):
+        kb_speedup = record["kb_baseline"]["mean"] / kb["runtime"]
+    return {"kb_compiled": bool(kb.get("compiled")), "kb_correct": kb_correct,
+            "kbverify_compiled": kv.get("status") not in (None, "compile_error"), "kbverify_correct": kv_correct,
+            "verdicts_agree": kb_correct == kv_correct and bool(kb.get("compiled")) == (kv.get("status") != "compile_error"),
+            "kb_speedup": kb_speedup, "kbverify_speedup": kv.get("speedup"),
+            "cost_ratio": (record.get("kbverify_process_s") or 0) / max(record.get("kb_process_s") or 1e-9, 1e-9)}
+
+
+def _row(r: dict) -> str:
+    kv = r.get("kbverify", {})
+    build = kv.get("build") or {}
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"
+    return (f"| {r['id']} | {r['kb_compiled']}/{r['kb_correct']} | {kv.get('status')} | {fmt(r['kb_speedup'])} | "
+            f"{fmt(r['kbverify_speedup'])} | {build.get('native_sources')}/{build.get('extension_built')}/"
+            f"{build.get('extension_called')} | {r.get('kb_process_s', 0):.1f} | {r.get('kbverify_process_s', 0):.1f} |")
+
+
+def _summary(results: list[dict]) -> str:
+    agree = sum(r["verdicts_agree"] for r in results)
+    ratios = [r["kbverify_speedup"] / r["kb_speedup"] for r in results if r["kb_speedup"] and r["kbverify_speedup"]]
+    costs = [r["cost_ratio"] for r in results if r.get("kb_process_s")]
+    lines = [f"kernels: {len(results)}; compiled/correct verdicts agree: {agree}/{len(results)}"]
+    if ratios:
+        lines.append(f"speedup kbverify/KernelBench: median {statistics.median(ratios):.3f}, "
+                     f"min {min(ratios):.3f}, max {max(ratios):.3f}, "
+                     f"median |change| {statistics.median(abs(x - 1) for x in ratios):.3f}")
+    if costs:
+        lines.append(f"wall per kernel kbverify/KernelBench: median {statistics.median(costs):.2f}, "
+                     f"mean kbverify {statistics.mean(r['kbverify_process_s'] for r in results):.1f} s, "
+                     f"mean KernelBench {statistics.mean(r['kb_process_s'] for r in results):.1f} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
