@@ -19,16 +19,8 @@ DEMO_TASKS = REPO_ROOT / "tasks" / "basic"
 P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
 
 
-def score_rows_from_verdicts(verdicts: list[Verdict]):
-    from kbverify.score import ScoreRow
-
-    return [ScoreRow(task=v.task_name if v.level is None else f"level{v.level}/{v.task_name}", level=v.level,
-                     sample=v.sample, correct=v.correct, speedup=v.speedup,
-                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
-            for v in verdicts]
-
-
 def tables_by_protocol(verdicts: list[Verdict], ps, samples: str, exclude: set[str] | None = None) -> dict:
+    from kbverify.report import score_rows_from_verdicts
     from kbverify.score import score_rows, table_to_dict
 
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
@@ -61,7 +53,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 title: str | None = None) -> dict:
     from kbverify import present
     from kbverify.importers import load_entries
-    from kbverify.rescore import rescore
+    from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
@@ -72,6 +64,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         entries = entries[:limit]
     if not entries:
         raise InputError(f"{source}: no entries to re-score")
+    _require_distinct_samples(entries)
     chosen = parse_protocols(protocols)
     if protocol_overrides:
         chosen = [p.with_overrides(**protocol_overrides.get(p.name, {})) for p in chosen]
@@ -87,7 +80,9 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         else:
             summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
                               options=options, arguments=arguments)
-        verdicts = [v for _, v in store.verdicts() if v.protocol in {p.name for p in chosen}]
+        # This source's units only: a store may also hold other runs' verdicts.
+        planned = {unit.key for unit in plan_units(entries, chosen)}
+        verdicts = [v for key, v in store.verdicts() if key in planned]
     tables = tables_by_protocol(verdicts, P_VALUES, samples)
     text = present.render_fast_p(tables, P_VALUES)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
@@ -99,11 +94,26 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     if report_dir is not None:
         from kbverify.report import write_reports
 
-        paths = write_reports(verdicts, report_dir, title=title or f"kbverify re-score of {source.name}")
+        paths = write_reports(verdicts, report_dir, title=title or f"kbverify re-score of {source.name}",
+                              samples=samples)
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
             "reports": {k: str(v) for k, v in paths.items()}}
+
+
+def _require_distinct_samples(entries) -> None:
+    """fast_p takes one sample per task, so two entries that are the same sample of one task are refused up front,
+    not after hours of evaluation."""
+    from kbverify.rescore import entry_task_name
+
+    seen: dict[tuple, str] = {}
+    for entry in entries:
+        key = (entry.level, entry_task_name(entry), entry.sample)
+        if key in seen:
+            raise InputError(f"entries {seen[key]!r} and {entry.entry_id!r} are both sample {entry.sample} of task "
+                             f"{key[1]}: give each its own 'sample'")
+        seen[key] = entry.entry_id
 
 
 def _devices_for(device: str) -> list[str]:
@@ -171,8 +181,9 @@ def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hid
     from kbverify.tasks import load_task_dir
 
     loaded = load_task_dir(tasks)
+    settings = audit.AuditSettings(hidden_dirs=tuple(str(d) for d in hidden_dirs))
     report = audit.audit_tasks(loaded, protocols=parse_protocols(protocols), device=device, out_prefix=out,
-                               hidden_dirs=list(hidden_dirs))
+                               settings=settings, title=tasks.name)
     summary = audit.audit_to_json_summary(report)
     lines = [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
              for t in summary["tasks"]]

@@ -234,3 +234,32 @@ def _apply_baseline_flags(payload: dict) -> None:
 
     set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", False)),
              cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
+
+
+def candidate_timing_job(payload: dict) -> dict:
+    """KernelBench's timing of a candidate (warm-ups, trials, mean, same inputs each call), with the submission
+    in a namespace of its own: the timing half of protocols that check correctness in isolation."""
+    from kbverify.worker import compile_untrusted
+
+    device = device_from(payload)
+    task = task_from(payload)
+    announce("reference:load")
+    context: dict = {}
+    _load_reference(task.source, context)
+    namespace = {k: v for k, v in context.items() if not k.startswith("__")}
+    namespace["__name__"] = "kbverify_submission"
+    announce("candidate:timing")
+    try:
+        exec(compile_untrusted(payload["submission_source"]), namespace)
+        set_seed(SEED)
+        init_inputs = to_device(context["get_init_inputs"](), device)
+        set_seed(SEED)
+        model = namespace["ModelNew"](*init_inputs).to(device)
+        set_seed(SEED)
+        inputs = to_device(context["get_inputs"](), device)
+        with torch.set_grad_enabled(bool(payload.get("candidate_grad_enabled", False))):
+            times_ms = _timed_calls(model, inputs, warmups=int(payload.get("warmup_calls", 3)),
+                                    trials=int(payload.get("timing_trials", 10)), device=device)
+    except BaseException as error:  # noqa: BLE001
+        return {"error": short_error(error)}
+    return {"times_ms": times_ms, "runtime_stats": timing_stats(times_ms), "runtime_ms": timing_stats(times_ms)["mean"]}

@@ -13,12 +13,19 @@ import kbverify
 COMPAT_FIELDS = ("gpu_model", "driver", "cuda", "torch")
 
 
-@functools.lru_cache(maxsize=4)
 def collect(device: str) -> dict:
-    """Versions come from a worker (the parent never imports torch); the GPU's identity from nvidia-smi."""
+    """Versions come from a worker (the parent never imports torch): the last one that ran on `device`, or a
+    probe; the GPU's identity from nvidia-smi."""
+    from kbverify.sandbox import last_worker_info
+
+    return _collect(device, tuple(sorted((last_worker_info(device) or {}).items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _collect(device: str, reported: tuple) -> dict:
     from kbverify.sandbox import run_child
 
-    probe = run_child("probe", {"device": device}, timeout_s=120, device=device).result or {}
+    probe = dict(reported) or run_child("probe", {"device": device}, timeout_s=120, device=device).result or {}
     info = {
         "kbverify": kbverify.__version__,
         "kbverify_commit": _git_commit(),

@@ -1,8 +1,9 @@
 """Reports from verdicts: `report.json` (complete), `report.md` (papers, PRs), `report.html` (self-contained).
 
 Everything is computed once into a plain summary (`summarize`), which the JSON stores and the Markdown and HTML
-render; the HTML carries its CSS and SVG plots inline, with no script and no external resource, so it can be
-attached to an issue or archived as is.
+render; the HTML carries its CSS and SVG plots (`kbverify.plots`) inline, with no script and no external
+resource, so it can be attached to an issue or archived as is. fast_p comes from `kbverify.score`, the code path
+`kbverify score` uses, so a report and a score of the same verdicts agree.
 """
 
 from __future__ import annotations
@@ -18,20 +19,23 @@ from pathlib import Path
 from typing import Sequence
 
 from kbverify import __version__
+from kbverify.plots import CLAIMED, protocol_colours, svg_claimed_vs_measured, svg_fast_p_curves
 from kbverify.protocols import PRESETS
 from kbverify.records import Verdict
 from kbverify.status import Status, Warn
 
 P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
-CLAIMED = "claimed"
-_PALETTE = ("#1b6ca8", "#c0392b", "#2e8b57", "#8e44ad", "#d68910", "#17a2b8")
-_CLAIMED_COLOUR = "#7f8c8d"
 
 
 # --- summary -------------------------------------------------------------------------------------------------------
 
-def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", provenance: dict | None = None) -> dict:
-    """Everything the reports show, as JSON-ready data."""
+def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", provenance: dict | None = None,
+              samples: str | None = None) -> dict:
+    """Everything the reports show, as JSON-ready data.
+
+    `samples` (first | best) picks one sample per task for every protocol; None uses each protocol's own rule
+    (KernelBench scores the first sample, KernelBench-Verified the best).
+    """
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
     by_protocol = {name: [v for v in verdicts if v.protocol == name] for name in protocols}
     return {
@@ -40,7 +44,8 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
         "p_values": list(P_VALUES),
         "protocols": protocols,
         "claimed": _claimed_summary(verdicts),
-        "by_protocol": {name: _protocol_summary(name, group) for name, group in by_protocol.items()},
+        "by_protocol": {name: _protocol_summary(group, samples or _samples_rule(name))
+                        for name, group in by_protocol.items()},
         "status_changes": status_changes(verdicts, protocols),
         "code_path": code_path_mismatches(verdicts),
         "memory": memory_rows(verdicts),
@@ -50,26 +55,41 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
     }
 
 
+def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
+    """One `kbverify.score.ScoreRow` per verdict; a task is `level<L>/<name>`, or its name when the level is unknown."""
+    from kbverify.score import ScoreRow  # deferred: scipy is only needed when something is scored
+
+    return [ScoreRow(task=v.task_name if v.level is None else f"level{v.level}/{v.task_name}", level=v.level,
+                     sample=v.sample, correct=v.correct, speedup=v.speedup,
+                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
+            for v in verdicts]
+
+
 def _samples_rule(protocol: str) -> str:
     preset = PRESETS.get(protocol)
     return preset.samples if preset is not None else "first"
 
 
-def _protocol_summary(name: str, verdicts: list[Verdict]) -> dict:
-    samples = _samples_rule(name)
-    chosen = _one_per_task(verdicts, samples)
+def _protocol_summary(verdicts: list[Verdict], samples: str) -> dict:
+    from kbverify.score import score_rows, select_samples
+
+    rows = score_rows_from_verdicts(verdicts)
+    verdict_of = {id(row): verdict for row, verdict in zip(rows, verdicts)}
+    chosen = [verdict_of[id(row)] for row in select_samples(rows, samples)]
+    table = score_rows(rows, P_VALUES, samples=samples)
     passed_speedups = [v.speedup for v in chosen if v.correct and _positive(v.speedup)]
     levels = sorted({v.level for v in chosen}, key=lambda level: (level is None, level or 0))
     return {
         "samples": samples,
         "n_verdicts": len(verdicts),
-        "n_tasks": len(chosen),
+        "n_tasks": table.n_tasks,
         "status_counts": dict(Counter(v.status.value for v in verdicts).most_common()),
         "warning_counts": dict(Counter(w for v in verdicts for w in v.warnings).most_common()),
-        "fast_p": fast_p_table(chosen),
+        "fast_p": _fast_p_rows(table, chosen),
         "curve": _curve(chosen),
-        "passed": sum(v.correct for v in chosen),
-        "geomean_speedup_passed": _geomean(passed_speedups),
+        "passed": table.n_correct,
+        "geomean_speedup_passed": table.geomean.speedup if table.geomean else None,
+        "geomean_speedup_passed_ci": [table.geomean.ci_low, table.geomean.ci_high] if table.geomean else None,
         "mean_speedup_passed": statistics.fmean(passed_speedups) if passed_speedups else None,
         # What a user who falls back to PyTorch on every failure gets: CUDA-L1 reports its mean this way.
         "mean_speedup_failures_as_1": (
@@ -82,55 +102,48 @@ def _protocol_summary(name: str, verdicts: list[Verdict]) -> dict:
     }
 
 
-def _level_summary(verdicts: list[Verdict]) -> dict:
-    passed = [v.speedup for v in verdicts if v.correct and _positive(v.speedup)]
+def _level_summary(chosen: list[Verdict]) -> dict:
+    """One level's share of the table; `chosen` already holds one verdict per task."""
+    from kbverify.score import score_rows
+
+    table = score_rows(score_rows_from_verdicts(chosen), P_VALUES)
     return {
-        "n_tasks": len(verdicts),
-        "passed": sum(v.correct for v in verdicts),
-        "fast_p": {str(row["p"]): row["fast_p"] for row in fast_p_table(verdicts, confidence_interval=False)},
-        "geomean_speedup_passed": _geomean(passed),
-        "mean_claimed": _mean([v.claimed_speedup for v in verdicts]),
-        "n_claimed": sum(v.claimed_speedup is not None for v in verdicts),
+        "n_tasks": table.n_tasks,
+        "passed": table.n_correct,
+        "fast_p": {str(entry.p): entry.fast_p for entry in table.fast},
+        "geomean_speedup_passed": table.geomean.speedup if table.geomean else None,
+        "mean_claimed": _mean([v.claimed_speedup for v in chosen]),
+        "n_claimed": sum(v.claimed_speedup is not None for v in chosen),
     }
 
 
-def _one_per_task(verdicts: list[Verdict], samples: str) -> list[Verdict]:
-    """One verdict per task: its first sample, or its best (fastest passing) one, as the protocol scores."""
-    by_task: dict[str, list[Verdict]] = defaultdict(list)
-    for verdict in verdicts:
-        by_task[verdict.task].append(verdict)
-    chosen = []
-    for group in by_task.values():
-        if samples == "best":
-            chosen.append(max(group, key=lambda v: (v.correct, v.speedup or 0.0, -v.sample)))
-        else:
-            chosen.append(min(group, key=lambda v: v.sample))
-    return chosen
+def fast_p_table(verdicts: Sequence[Verdict], ps: Sequence[float] = P_VALUES, *, samples: str = "first") -> list[dict]:
+    """fast_p per p over one sample per task (failures stay in the denominator), with the claimed fast_p."""
+    from kbverify.score import score_rows, select_samples
+
+    rows = score_rows_from_verdicts(verdicts)
+    verdict_of = {id(row): verdict for row, verdict in zip(rows, verdicts)}
+    chosen = [verdict_of[id(row)] for row in select_samples(rows, samples)]
+    return _fast_p_rows(score_rows(rows, ps, samples=samples), chosen)
 
 
-def fast_p_table(verdicts: Sequence[Verdict], ps: Sequence[float] = P_VALUES, *,
-                 confidence_interval: bool = True) -> list[dict]:
-    """fast_p per p over one verdict per task (failures stay in the denominator), with the claimed fast_p.
+def _fast_p_rows(table, chosen: Sequence[Verdict]) -> list[dict]:
+    """A score table's rows as the report shows them, with the fast_p the authors' claims imply."""
+    from kbverify import stats
 
-    Built on `kbverify.stats` (fast_p, confident_fast_p, bootstrap CI) with the sample choice of `_one_per_task`;
-    it should give way to `kbverify.score.score_rows` so that `score` and the reports share one code path.
-    """
-    from kbverify import stats  # deferred: scipy is only needed when a report is made
-
-    correct = [v.correct for v in verdicts]
-    speedups = [v.speedup for v in verdicts]
-    lows = [v.speedup_ci[0] if v.speedup_ci else None for v in verdicts]
-    claimed = [v.claimed_speedup for v in verdicts]
+    claimed = [v.claimed_speedup for v in chosen]
     claimed_any = any(c is not None for c in claimed)
     rows = []
-    for p in ps:
-        row = {"p": p, "n": len(verdicts), "fast_p": stats.fast_p(correct, speedups, p),
-               "confident_fast_p": stats.confident_fast_p(correct, lows, p)}
-        if confidence_interval:
-            row["fast_p_ci"] = list(stats.bootstrap_fast_p_ci(correct, speedups, p)) if verdicts else None
-        # A claim is a published "correct and this fast"; a missing claim counts as not fast, like a failure.
-        row["claimed_fast_p"] = stats.fast_p([c is not None for c in claimed], claimed, p) if claimed_any else None
-        rows.append(row)
+    for entry in table.fast:
+        rows.append({
+            "p": entry.p, "n": table.n_tasks, "fast_p": entry.fast_p, "n_fast": entry.n_fast,
+            "fast_p_ci": [entry.ci_low, entry.ci_high],
+            # None when no kernel carries a speedup CI (the original protocol times without one).
+            "confident_fast_p": entry.confident_fast_p,
+            # A claim is a published "correct and this fast"; a missing claim counts as not fast, like a failure.
+            "claimed_fast_p": stats.fast_p([c is not None for c in claimed], claimed, entry.p) if claimed_any
+            else None,
+        })
     return rows
 
 
@@ -260,11 +273,6 @@ def _mean(values) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _geomean(values) -> float | None:
-    values = [v for v in values if _positive(v)]
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
-
-
 def _level_name(level: int | None) -> str:
     return f"level{level}" if level is not None else "unknown"
 
@@ -272,11 +280,14 @@ def _level_name(level: int | None) -> str:
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 def write_reports(verdicts: Sequence[Verdict], out_dir: str | Path, *, title: str = "kbverify report",
-                  provenance: dict | None = None) -> dict[str, Path]:
-    """Write report.json, report.md and report.html into `out_dir`; returns their paths by format."""
+                  provenance: dict | None = None, samples: str | None = None) -> dict[str, Path]:
+    """Write report.json, report.md and report.html into `out_dir`; returns their paths by format.
+
+    `samples` as in `summarize`. Nothing is written unless the whole summary could be computed.
+    """
     out_dir = Path(out_dir)
+    summary = summarize(verdicts, title=title, provenance=provenance, samples=samples)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(verdicts, title=title, provenance=provenance)
     texts = {
         "json": json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n",
         "md": render_markdown(summary),
@@ -540,7 +551,7 @@ def _status_html(status: str) -> str:
 
 
 def render_html(summary: dict, *, memory_limit: int = 100) -> str:
-    colours = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(summary["protocols"])}
+    colours = protocol_colours(summary["protocols"])
     parts = [f"<h1>{_h(summary['title'])}</h1>",
              f'<p class="lead">{len(summary["verdicts"])} verdicts · protocols '
              f'{_h(", ".join(summary["protocols"]) or "none")} · kbverify {_h(summary["kbverify_version"])}</p>',
@@ -626,165 +637,3 @@ def _cards(summary: dict) -> str:
 
 def _figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}<figcaption>{_h(caption)}</figcaption></figure>"
-
-
-# --- SVG plots -------------------------------------------------------------------------------------------------------
-
-_W, _H = 520, 360
-_M = {"left": 56, "right": 16, "top": 16, "bottom": 64}
-
-
-def _svg_open(label: str) -> list[str]:
-    # Inline SVG in HTML needs no namespace declaration; leaving it out keeps the page free of any URL.
-    return [f'<svg width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-            f'role="img" aria-label="{_h(label)}" font-family="system-ui,sans-serif" font-size="11">',
-            f'<rect width="{_W}" height="{_H}" fill="#fff"/>']
-
-
-def _legend(items: list[tuple[str, str, bool]], y: float) -> list[str]:
-    out, x = [], _M["left"]
-    for label, colour, dashed in items:
-        dash = ' stroke-dasharray="5 3"' if dashed else ""
-        out.append(f'<line x1="{x}" y1="{y}" x2="{x + 18}" y2="{y}" stroke="{colour}" stroke-width="2.5"{dash}/>')
-        out.append(f'<text x="{x + 23}" y="{y + 4}">{_h(label)}</text>')
-        x += 32 + 7 * len(label)
-    return out
-
-
-def svg_fast_p_curves(summary: dict, colours: dict[str, str]) -> str:
-    """fast_p(p) step curves for every protocol, and the claimed curve, on one plot."""
-    curves = []
-    for name in summary["protocols"]:
-        curve = summary["by_protocol"][name]["curve"]
-        curves.append((name, colours[name], False, curve["measured"], curve["n"]))
-    if summary["claimed"]["n"] and summary["protocols"]:
-        first = summary["by_protocol"][summary["protocols"][0]]["curve"]
-        curves.append((CLAIMED, _CLAIMED_COLOUR, True, first["claimed"], first["n"]))
-    values = [v for *_, speedups, _ in curves for v in speedups]
-    # Long tails (a 368× claim) would flatten the interesting range: cut the axis near the 90th percentile.
-    top = sorted(values)[int(0.9 * (len(values) - 1))] if values else 2.0
-    p_max = min(10.0, max(2.5, math.ceil(top * 1.1 * 2) / 2))
-    plot_w, plot_h = _W - _M["left"] - _M["right"], _H - _M["top"] - _M["bottom"]
-
-    def sx(p: float) -> float:
-        return _M["left"] + plot_w * p / p_max
-
-    def sy(share: float) -> float:
-        return _M["top"] + plot_h * (1 - share)
-
-    out = _svg_open("fast_p over p")
-    step = 0.5 if p_max <= 5 else 1.0
-    for i in range(int(p_max / step) + 1):
-        p = i * step
-        out.append(f'<line x1="{sx(p):.1f}" y1="{sy(0):.1f}" x2="{sx(p):.1f}" y2="{sy(1):.1f}" stroke="#eceff2"/>')
-        out.append(f'<text x="{sx(p):.1f}" y="{sy(0) + 14:.1f}" text-anchor="middle">{p:g}</text>')
-    for share in (0, 0.25, 0.5, 0.75, 1):
-        out.append(f'<line x1="{sx(0):.1f}" y1="{sy(share):.1f}" x2="{sx(p_max):.1f}" y2="{sy(share):.1f}" '
-                   f'stroke="#eceff2"/>')
-        out.append(f'<text x="{sx(0) - 6:.1f}" y="{sy(share) + 4:.1f}" text-anchor="end">{int(share * 100)}%</text>')
-    out.append(f'<rect x="{sx(0):.1f}" y="{sy(1):.1f}" width="{plot_w}" height="{plot_h}" fill="none" '
-               f'stroke="#9aa5b1"/>')
-    out.append(f'<text x="{sx(p_max / 2):.1f}" y="{sy(0) + 30:.1f}" text-anchor="middle">p (speedup threshold)</text>')
-    out.append(f'<text transform="translate(14 {sy(0.5):.1f}) rotate(-90)" text-anchor="middle">fast_p</text>')
-    for name, colour, dashed, speedups, n in curves:
-        dash = ' stroke-dasharray="5 3"' if dashed else ""
-        points = _step_points(speedups, n, p_max)
-        path = " ".join(f"{sx(p):.1f},{sy(share):.1f}" for p, share in points)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2.2"{dash}>'
-                   f'<title>{_h(name)}</title></polyline>')
-    out += _legend([(name, colour, dashed) for name, colour, dashed, *_ in curves], _H - 14)
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def _step_points(speedups: list[float], n: int, p_max: float) -> list[tuple[float, float]]:
-    """Corners of fast_p(p) = #{s > p} / n on [0, p_max]; it drops just after each speedup value."""
-    if n == 0:
-        return [(0.0, 0.0), (p_max, 0.0)]
-    values = sorted(speedups)
-    points, p = [], 0.0
-    share = sum(v > 0 for v in values) / n
-    points.append((0.0, share))
-    for v in values:
-        if v >= p_max:
-            break
-        if v <= p:
-            continue
-        points.append((v, share))
-        share = sum(x > v for x in values) / n
-        points.append((v, share))
-        p = v
-    points.append((p_max, share))
-    return points
-
-
-def svg_claimed_vs_measured(summary: dict, colours: dict[str, str]) -> str:
-    """Claimed against measured speedup, log–log, one point per verdict that has a claim."""
-    points = []  # (claimed, measured | None, passed, protocol, label)
-    for record in summary["verdicts"]:
-        claimed = record.get("claimed_speedup")
-        if not _positive(claimed):
-            continue
-        measured = record.get("speedup") if _positive(record.get("speedup")) else None
-        label = f"{record['task_name']} · {record['protocol']}: claimed {_x(claimed)}, measured {_x(measured)}, " \
-                f"{record['status']}"
-        points.append((claimed, measured, record["status"] == Status.PASSED.value, record["protocol"], label))
-    values = [c for c, *_ in points] + [m for _, m, *_ in points if m is not None] or [0.5, 2.0]
-    lo = 10 ** math.floor(math.log10(min(min(values), 1.0) * 0.999))
-    hi = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.001))
-    while hi / lo < 100:  # at least two decades, or the grid is a single square
-        if lo > 0.01:
-            lo /= 10
-        else:
-            hi *= 10
-    plot_w, plot_h = _W - _M["left"] - _M["right"], _H - _M["top"] - _M["bottom"] - 18
-    span = math.log10(hi) - math.log10(lo)
-
-    def sx(v: float) -> float:
-        return _M["left"] + plot_w * (math.log10(v) - math.log10(lo)) / span
-
-    def sy(v: float) -> float:
-        return _M["top"] + plot_h * (1 - (math.log10(v) - math.log10(lo)) / span)
-
-    strip_y = _M["top"] + plot_h + 12
-    out = _svg_open("claimed against measured speedup")
-    decade = lo
-    while decade <= hi * 1.0001:
-        for minor in range(2, 10):
-            v = decade * minor
-            if v < hi:
-                out.append(f'<line x1="{sx(v):.1f}" y1="{sy(lo):.1f}" x2="{sx(v):.1f}" y2="{sy(hi):.1f}" '
-                           f'stroke="#f3f5f7"/>')
-                out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(v):.1f}" x2="{sx(hi):.1f}" y2="{sy(v):.1f}" '
-                           f'stroke="#f3f5f7"/>')
-        out.append(f'<line x1="{sx(decade):.1f}" y1="{sy(lo):.1f}" x2="{sx(decade):.1f}" y2="{sy(hi):.1f}" '
-                   f'stroke="#e1e6eb"/>')
-        out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(decade):.1f}" x2="{sx(hi):.1f}" y2="{sy(decade):.1f}" '
-                   f'stroke="#e1e6eb"/>')
-        out.append(f'<text x="{sx(decade):.1f}" y="{strip_y + 20:.1f}" text-anchor="middle">{decade:g}×</text>')
-        out.append(f'<text x="{sx(lo) - 6:.1f}" y="{sy(decade) + 4:.1f}" text-anchor="end">{decade:g}×</text>')
-        decade *= 10
-    out.append(f'<rect x="{sx(lo):.1f}" y="{sy(hi):.1f}" width="{plot_w}" height="{plot_h}" fill="none" '
-               f'stroke="#9aa5b1"/>')
-    out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(lo):.1f}" x2="{sx(hi):.1f}" y2="{sy(hi):.1f}" stroke="#9aa5b1" '
-               f'stroke-dasharray="4 3"/>')
-    out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(1):.1f}" x2="{sx(hi):.1f}" y2="{sy(1):.1f}" stroke="#9aa5b1"/>')
-    out.append(f'<text x="{sx(lo) + 4:.1f}" y="{strip_y + 3:.1f}" fill="#5b6875" font-size="9">failed, not timed'
-               f'</text>')
-    out.append(f'<text x="{sx(math.sqrt(lo * hi)):.1f}" y="{_H - 22}" text-anchor="middle">claimed speedup</text>')
-    out.append(f'<text transform="translate(14 {sy(math.sqrt(lo * hi)):.1f}) rotate(-90)" text-anchor="middle">'
-               f'measured speedup</text>')
-    for claimed, measured, passed, protocol, label in points:
-        colour = colours.get(protocol, _CLAIMED_COLOUR)
-        x = sx(min(max(claimed, lo), hi))
-        if measured is None:
-            out.append(f'<path d="M{x - 3:.1f},{strip_y - 3:.1f}l6,6m0,-6l-6,6" stroke="{colour}" stroke-width="1.4">'
-                       f'<title>{_h(label)}</title></path>')
-            continue
-        y = sy(min(max(measured, lo), hi))
-        fill = colour if passed else "#fff"
-        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.6" fill="{fill}" fill-opacity="0.75" stroke="{colour}" '
-                   f'stroke-width="1.3"><title>{_h(label)}</title></circle>')
-    out += _legend([(name, colours[name], False) for name in summary["protocols"]], _H - 6)
-    out.append("</svg>")
-    return "\n".join(out)

@@ -69,10 +69,19 @@ def plan_units(entries: list[Entry], protocols: list[Protocol]) -> list[Unit]:
     return [Unit(unit_key(entry, protocol), entry, protocol) for entry in entries for protocol in protocols]
 
 
+def entry_task_name(entry: Entry) -> str:
+    """The task name its verdicts carry; an entry whose task could not be loaded falls back on its problem id, or
+    on its own id, so two such entries never look like one task."""
+    if entry.task is not None:
+        return entry.task.name
+    return str(entry.problem_id) if entry.problem_id is not None else entry.entry_id
+
+
 def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
     task = entry.task
-    return Verdict(task=task.key if task else f"level{entry.level}/{entry.problem_id}", task_name=task.name if task else
-                   str(entry.problem_id), level=entry.level, problem_id=entry.problem_id, submission=entry.entry_id,
+    return Verdict(task=task.key if task else f"level{entry.level}/{entry_task_name(entry)}",
+                   task_name=entry_task_name(entry), level=entry.level, problem_id=entry.problem_id,
+                   submission=entry.entry_id,
                    submission_sha256=entry.submission.sha256 if entry.submission else "", protocol=protocol.name,
                    protocol_sha256=protocol.sha256, status=Status.UNVERIFIABLE, message=entry.unverifiable or "",
                    claimed_speedup=entry.claimed_speedup, sample=entry.sample)
@@ -122,12 +131,13 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
     for unit in todo:
         work.put(unit)
     errors: list[str] = []
+    failures: list[BaseException] = []
     done = [0]
     durations: list[float] = []
 
     def worker(device: str) -> None:
         device_options = dataclasses.replace(options, device=device)
-        while True:
+        while not failures:
             try:
                 unit = work.get_nowait()
             except queue.Empty:
@@ -140,6 +150,10 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
                     errors.append(f"{unit.entry.entry_id} [{unit.protocol.name}]: {error}")
                 log.error("infrastructure error on %s: %s", unit.entry.entry_id, error)
                 continue
+            except BaseException as error:  # a bug of ours: stop every thread and raise it in the caller
+                with lock:
+                    failures.append(error)
+                return
             with lock:
                 store.put(unit.key, run_id, verdict)
                 done[0] += 1
@@ -155,6 +169,9 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:
+        # Finished units are in the store; a rerun resumes after the fix.
+        raise failures[0]
     return RescoreSummary(units=len(units), evaluated=done[0], resumed=resumed, errors=tuple(errors),
                           wall_s=time.monotonic() - started)
 

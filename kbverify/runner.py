@@ -216,13 +216,35 @@ def _kernelbench_status(record: dict) -> tuple[Status, str]:
 
 # ---- isolated: kbv, verified -------------------------------------------------------------------------------
 
+_GENERATED_SHAPES: dict[str, list] = {}
+
+
+def hidden_shapes_for(task: Task, hidden_dirs, device: str = "cpu") -> tuple[list, str]:
+    """Committed manifests are read here; shapes for a task without one are generated in a worker, because
+    generating executes the task's code and a published run's reference is untrusted (SPEC §7)."""
+    from kbverify import hidden
+
+    for hidden_dir in hidden_dirs:
+        shapes = hidden.load_manifest(task, hidden_dir)
+        if shapes is not None:
+            return shapes, "committed" if shapes else "none"
+    if task.sha256 not in _GENERATED_SHAPES:
+        outcome = run_child("hidden", {"task_source": task.source, "task_name": task.name, "device": "cpu"},
+                            timeout_s=300, device="cpu")
+        result = outcome.result or {}
+        if "shapes" not in result:
+            log.warning("hidden shapes for %s could not be generated: %s", task.name,
+                        result.get("infrastructure_error") or outcome.output_tail[-300:])
+        _GENERATED_SHAPES[task.sha256] = [hidden.HiddenShape.from_json(s) for s in result.get("shapes", [])]
+    shapes = _GENERATED_SHAPES[task.sha256]
+    return shapes, "generated" if shapes else "none"
+
+
 def _shapes(context: _Context) -> tuple[list[tuple[str, dict]], str]:
     shapes: list[tuple[str, dict]] = [("original", {})]
     if not context.protocol.hidden_shapes:
         return shapes, "none"
-    from kbverify import hidden
-
-    hidden_shapes, origin = hidden.shapes_for(context.task, list(context.options.hidden_dirs))
+    hidden_shapes, origin = hidden_shapes_for(context.task, list(context.options.hidden_dirs))
     shapes += [(shape.label, dict(shape.overrides)) for shape in hidden_shapes]
     return shapes, origin
 
@@ -266,8 +288,33 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
     build = _build_record(context.static, candidate.result.get("extensions"))
     verdict = decide_isolated(context, set_results, candidate.result, build, origin, secret)
     if verdict.status is Status.PASSED and options.measure_speed:
-        verdict = _time_isolated(context, verdict, secret, margin_cache)
+        if protocol.timing == "kernelbench":
+            verdict = _time_kernelbench_way(context, verdict)
+        else:
+            verdict = _time_isolated(context, verdict, secret, margin_cache)
     return verdict
+
+
+def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
+    """Mean of a few trials for the candidate, and the baseline alone in a clean process (KernelBench-Verified)."""
+    protocol = context.protocol
+    common = {"timing_trials": protocol.timing_trials, "warmup_calls": protocol.warmup_calls,
+              "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
+              "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
+              "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    timed = _run(context, "kernelbench_candidate_timing", _payload(context, **common))
+    if timed.died or "runtime_ms" not in (timed.result or {}):
+        status, detail = _died(timed, "candidate") if timed.died else (Status.RUNTIME_ERROR, timed.result["error"])
+        return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
+    baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
+    if baseline.died or "runtime_ms" not in (baseline.result or {}):
+        return dataclasses.replace(verdict, status=Status.UNVERIFIABLE, message="the reference could not be timed")
+    ref_ms, cand_ms = baseline.result["runtime_ms"], timed.result["runtime_ms"]
+    speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
+    warnings = list(verdict.warnings) + ([Warn.EXCESSIVE_SPEEDUP.value] if speedup > EXCESSIVE_SPEEDUP else [])
+    return dataclasses.replace(verdict, speedup=speedup, ref_time_ms=ref_ms, cand_time_ms=cand_ms,
+                               warnings=tuple(dict.fromkeys(warnings)),
+                               timing={"kernelbench": timed.result, "baseline": baseline.result})
 
 
 def _reproducer(protocol: Protocol, secret: str, failing: SetResult | None) -> dict:

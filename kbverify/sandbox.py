@@ -26,6 +26,11 @@ OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only 
 _POLL_S = 0.05
 
 _context = None
+_last_worker_info: dict[str, dict] = {}  # device → what the last worker on it reported about itself
+
+
+def last_worker_info(device: str) -> dict | None:
+    return _last_worker_info.get(device)
 # Imported once in the forkserver so each child starts warm; none of these touches CUDA at import.
 # Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
 # children, so it is imported in each child instead.
@@ -125,6 +130,8 @@ def _run_child(job: str, payload: dict, *, timeout_s: float, device: str, env: d
     head, dropped = _bound_log(log_path, head, dropped)
     tail = _read_tail(log_path, head)
     result = None if timed_out else _read_json(workdir / "result.json")
+    if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
+        _last_worker_info[device] = result.pop("_worker")
     phase_file = workdir / "phase"
     last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
     outcome = ChildOutcome(result=result, exit_code=process.exitcode, timed_out=timed_out, last_phase=last_phase,

@@ -28,13 +28,19 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
 
     module_name, _, function = JOBS[job].partition(":")
     if module_name == __name__:
-        return globals()[function](payload)
-    return getattr(importlib.import_module(module_name), function)(payload)
+        result = globals()[function](payload)
+    else:
+        result = getattr(importlib.import_module(module_name), function)(payload)
+    if isinstance(result, dict) and job != "probe":
+        # Provenance rides along with every result, so the parent needs no separate probe.
+        result["_worker"] = probe_job(payload)
+    return result
 
 
 JOBS = {
     "kernelbench_eval": "kbverify.kernelbench_v01:eval_job",
     "kernelbench_baseline": "kbverify.kernelbench_v01:baseline_job",
+    "kernelbench_candidate_timing": "kbverify.kernelbench_v01:candidate_timing_job",
     "candidate": "kbverify.evaluate:candidate_job",
     "judge": "kbverify.evaluate:judge_job",
     "timing": "kbverify.timing:timing_job",
@@ -42,6 +48,7 @@ JOBS = {
     "build": "kbverify.worker:build_job",
     "audit": "kbverify.audit_worker:audit_job",
     "probe": "kbverify.worker:probe_job",
+    "hidden": "kbverify.worker:hidden_job",
 }
 
 
@@ -251,3 +258,12 @@ def _cudnn_version():
         return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except RuntimeError:
         return None
+
+
+def hidden_job(payload: dict) -> dict:
+    """Generate a task's hidden shapes here, not in the parent: generating executes the (untrusted) reference."""
+    from kbverify import hidden
+
+    announce("reference:hidden-shapes")
+    shapes = hidden.generate_hidden_shapes(task_from(payload))
+    return {"shapes": [shape.to_json() for shape in shapes]}
