@@ -6,6 +6,7 @@ exists in the candidate's process, so reading freed memory, frames or `gc` finds
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -127,9 +128,12 @@ def candidate_job(payload: dict) -> dict:
         candidate = models[key]
         if isinstance(candidate, str):
             record["sets"][set_id] = {"skipped": candidate}
+            publish_nothing(outdir, set_id)
             continue
         announce(f"candidate:run:{set_id}")
         entry = _run_set(candidate, namespaces[input_set["shape"]], input_set, device, outdir, guarded)
+        if not os.path.exists(_output_path(outdir, set_id)):
+            publish_nothing(outdir, set_id)
         record["sets"][set_id] = entry
         if entry.get("fatal"):
             record["fatal"] = entry["error"]
@@ -183,8 +187,14 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
     entry["outputs"] = guards.inspect_outputs(first, inputs)
     if entry["outputs"]["lazy"] or entry["outputs"]["no_storage"]:
         return entry
-    saved = [t.detach().clone().cpu() if isinstance(t, torch.Tensor) else t for t in first]
-    torch.save(saved, os.path.join(outdir, _file_name(input_set["set_id"])))
+    strange = [type(t).__name__ for t in first if not isinstance(t, torch.Tensor)]
+    if strange:
+        return {**entry, "error": f"output is not made of tensors: {', '.join(strange)}", "bad_output": True}
+    saved = [t.detach().clone().cpu() for t in first]
+    try:
+        publish_output(outdir, input_set["set_id"], saved)
+    except Exception as error:  # noqa: BLE001 - an output that cannot be handed over is the candidate's failure
+        return {**entry, "error": "output cannot be handed over: " + short_error(error), "bad_output": True}
     if guarded:
         del first
         fresh = clone_inputs(pristine)
@@ -201,8 +211,63 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
     return entry
 
 
-def _file_name(set_id: str) -> str:
-    return set_id.replace("/", "__").replace(":", "_") + ".pt"
+# ---- the hand-over of outputs: one at a time, so disk use stays at one output however many sets there are ----
+
+CANDIDATE_ENDED = "candidate.ended"  # written by the parent when the candidate process is gone
+JUDGE_ENDED = "judge.ended"
+_HANDOVER_POLL_S = 0.002
+
+
+def _stem(set_id: str) -> str:
+    return set_id.replace("/", "__").replace(":", "_")
+
+
+def _output_path(outdir: str, set_id: str) -> str:
+    return os.path.join(outdir, _stem(set_id) + ".pt")
+
+
+def _skip_path(outdir: str, set_id: str) -> str:
+    return os.path.join(outdir, _stem(set_id) + ".none")
+
+
+def _await_previous_consumed(outdir: str) -> bool:
+    """Wait until the judge has taken the last published output; False if the judge is gone."""
+    while any(name.endswith(".pt") for name in os.listdir(outdir)):
+        if os.path.exists(os.path.join(outdir, JUDGE_ENDED)):
+            return False
+        time.sleep(_HANDOVER_POLL_S)
+    return True
+
+
+def publish_output(outdir: str, set_id: str, outputs: list) -> None:
+    if not _await_previous_consumed(outdir):
+        return
+    tmp = _output_path(outdir, set_id) + ".tmp"
+    torch.save(outputs, tmp)
+    os.replace(tmp, _output_path(outdir, set_id))
+
+
+def publish_nothing(outdir: str, set_id: str) -> None:
+    with open(_skip_path(outdir, set_id), "w"):
+        pass
+
+
+def take_output(outdir: str, set_id: str, device):
+    """The candidate's output for a set (None if it produced none), removing it so the candidate may go on."""
+    path, skip = _output_path(outdir, set_id), _skip_path(outdir, set_id)
+    while True:
+        if os.path.exists(path):
+            try:
+                return torch.load(path, map_location=device, weights_only=True)
+            finally:
+                os.remove(path)
+        if os.path.exists(skip):
+            return None
+        if os.path.exists(os.path.join(outdir, CANDIDATE_ENDED)):
+            if not os.path.exists(path):
+                return None
+            continue
+        time.sleep(_HANDOVER_POLL_S)
 
 
 # ---- judge -------------------------------------------------------------------------------------------------
@@ -235,6 +300,8 @@ def judge_job(payload: dict) -> dict:
             record["sets"][set_id] = {"valid": False, "invalid_reason": "reference raised: " + short_error(error)}
             if is_cuda_fatal(error):
                 break
+        if not record["sets"][set_id].get("valid"):
+            take_output(outdir, set_id, "cpu")  # unused, but the candidate waits until it is taken
     return record
 
 
@@ -261,10 +328,12 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
         del baseline
     if want_fp64:
         entry["reference_vs_fp64"] = _fp64_error(model, pristine, reference, call_seed)
-    path = os.path.join(outdir, _file_name(input_set["set_id"]))
-    if os.path.exists(path):
-        candidate = torch.load(path, map_location=device, weights_only=True)
-        entry["comparison"] = summarize(reference, candidate)
+    try:
+        candidate = take_output(outdir, input_set["set_id"], device)
+        if candidate is not None:
+            entry["comparison"] = summarize(reference, candidate)
+    except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
+        entry["candidate_output_error"] = short_error(error)
     return entry
 
 

@@ -57,19 +57,24 @@ def snapshot_sensitive() -> dict[str, int]:
             for attr, value in vars(module).items():
                 if callable(value) and getattr(value, "__module__", "") == module_name:
                     snapshot[f"{module_name}.{attr}"] = id(value)
+                elif isinstance(value, (int, float, str, bytes, tuple, frozenset)) and not attr.startswith("__"):
+                    # thresholds and limits are data a submission could rewrite: keep their values
+                    snapshot[f"value:{module_name}.{attr}"] = hash(repr(value))
     return snapshot
 
 
 def tampered(snapshot: dict[str, int]) -> list[str]:
     changed = []
     for name, identity in snapshot.items():
+        by_value = name.startswith("value:")
+        dotted = name[len("value:"):] if by_value else name
         try:
-            current = _SENSITIVE[name]() if name in _SENSITIVE else _resolve(name)
+            current = _SENSITIVE[dotted]() if dotted in _SENSITIVE else _resolve(dotted)
         except (AttributeError, KeyError):
-            changed.append(name)
+            changed.append(dotted)
             continue
-        if id(current) != identity:
-            changed.append(name)
+        if (hash(repr(current)) if by_value else id(current)) != identity:
+            changed.append(dotted)
     return sorted(changed)
 
 
@@ -141,11 +146,13 @@ def poison_allocator(device: torch.device, value: float, nbytes: int) -> None:
         return
     count = max(1, nbytes // 4)
     block = torch.full((count,), value, dtype=torch.float32, device=device)
+    # the caching allocator serves allocations under 1 MB from separate small-block segments
+    small = [torch.full(((256 << 10) // 4,), value, dtype=torch.float32, device=device) for _ in range(64)]
     torch.cuda.synchronize(device)
-    del block
+    del block, small
 
 
-def outputs_agree(first: list, second: list, *, tol: float = 1e-5) -> tuple[bool, str]:
+def outputs_agree(first: list, second: list, *, tol: float = 1e-4) -> tuple[bool, str]:
     """Two runs on the same inputs with different poison patterns must agree (up to atomics' reordering)."""
     if len(first) != len(second):
         return False, "different number of outputs"
@@ -157,7 +164,11 @@ def outputs_agree(first: list, second: list, *, tol: float = 1e-5) -> tuple[bool
         if a.is_floating_point():
             a64, b64 = a.detach().double(), b.detach().double()
             nan_mismatch = int((torch.isnan(a64) != torch.isnan(b64)).sum())
-            close = torch.isclose(a64, b64, rtol=tol, atol=tol, equal_nan=True)
+            finite = torch.isfinite(a64)
+            # Reordered sums (atomics, split-K) differ by rounding, near zero too after cancellation: allow a
+            # small part of the output's typical magnitude. NaN or sentinel-derived garbage is far outside it.
+            scale = float(a64[finite].abs().mean()) if bool(finite.any()) else 0.0
+            close = ((a64 - b64).abs() <= tol * (a64.abs() + scale)) | (a64 == b64) | (torch.isnan(a64) & torch.isnan(b64))
             bad = int((~close).sum())
             if nan_mismatch or bad:
                 return False, f"output {index}: {bad} elements differ between two runs ({nan_mismatch} NaN positions)"

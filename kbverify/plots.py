@@ -129,8 +129,8 @@ def svg_claimed_vs_measured(summary: dict, colours: dict[str, str]) -> str:
         if not _positive(claimed):
             continue
         measured = record.get("speedup") if _positive(record.get("speedup")) else None
-        label = f"{record['task_name']} · {record['protocol']}: claimed {_times(claimed)}, measured {_times(measured)}, " \
-                f"{record['status']}"
+        label = (f"{record['task_name']} · {record['protocol']}: claimed {_times(claimed)}, "
+                 f"measured {_times(measured)}, {record['status']}")
         points.append((claimed, measured, record["status"] == PASSED, record["protocol"], label))
     values = [c for c, *_ in points] + [m for _, m, *_ in points if m is not None] or [0.5, 2.0]
     lo = 10 ** math.floor(math.log10(min(min(values), 1.0) * 0.999))

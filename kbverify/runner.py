@@ -24,7 +24,7 @@ from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
 from kbverify.protocols import Protocol
 from kbverify.records import BuildRecord, SetResult, Verdict
-from kbverify.sandbox import ChildOutcome, run_child
+from kbverify.sandbox import ChildOutcome, ChildSpec, run_child, run_children
 from kbverify.static import StaticScan, classify_build_error, scan
 from kbverify.status import Status, Warn, worst
 from kbverify.submissions import Submission
@@ -114,8 +114,29 @@ def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None 
     return outcome
 
 
+def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str):
+    from kbverify.evaluate import CANDIDATE_ENDED, JUDGE_ENDED
+
+    def marker(name):
+        return lambda: open(os.path.join(outdir, name), "w").close()
+
+    specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
+                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED)),
+             ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
+                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED))]
+    outcomes = run_children(specs)
+    for spec, outcome in zip(specs, outcomes):
+        log.info("%s child for %s: %.2f s", spec.job, context.submission.id, outcome.wall_s)
+        if outcome.result and "infrastructure_error" in outcome.result:
+            raise InfrastructureError(f"{spec.job} worker failed: {outcome.result['infrastructure_error']}")
+    return outcomes
+
+
 def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
     """A child that did not report: blame the candidate only if it was running candidate code."""
+    if not outcome.last_phase and not outcome.timed_out:
+        raise InfrastructureError(f"the {party} worker died before it started (exit code {outcome.exit_code}): "
+                                  f"{(outcome.output_tail or outcome.output_head).strip()[-300:]}")
     where = outcome.last_phase or "start-up"
     if outcome.timed_out:
         status = Status.TIMEOUT if where.startswith("candidate") or party == "candidate" else Status.UNVERIFIABLE
@@ -126,8 +147,6 @@ def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
         detail += ": " + " | ".join(tail)[-400:]
     if where.startswith("candidate") or (party == "candidate" and not where.startswith("reference")):
         return Status.CRASHED, detail
-    if not where:
-        raise InfrastructureError(f"the {party} worker died before it started: {detail}")
     return Status.UNVERIFIABLE, detail
 
 
@@ -265,19 +284,20 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
     outdir = tempfile.mkdtemp(prefix="kbverify-outputs-")
     try:
         flags = {"train_mode": protocol.train_mode, "guards": protocol.guards, "sets": sets, "outdir": outdir}
-        candidate = _run(context, "candidate", _payload(context, **flags))
+        judge_payload = _payload(context, submission_source="", **flags,
+                                 reference_tf32=protocol.reference_tf32,
+                                 reference_cudnn_tf32=protocol.reference_cudnn_tf32,
+                                 baseline_tf32=protocol.rule == "verified",
+                                 fp64_reference=protocol.rule == "verified")
+        # Side by side: the candidate hands over one output at a time and the judge takes it (evaluate.py).
+        candidate, judge = _run_pair(context, ("candidate", _payload(context, **flags)), ("judge", judge_payload),
+                                     outdir)
         if candidate.died:
             status, detail = _died(candidate, "candidate")
             build = _build_record(context.static, None)
             return _base_verdict(context, status, message=detail, build=build, hidden_shapes=origin,
                                  warnings=tuple(code_path_warnings(context.static, build)),
                                  reproducer=_reproducer(protocol, secret, None))
-        judge_payload = _payload(context, submission_source="", **flags,
-                                 reference_tf32=protocol.reference_tf32,
-                                 reference_cudnn_tf32=protocol.reference_cudnn_tf32,
-                                 baseline_tf32=protocol.rule == "verified",
-                                 fp64_reference=protocol.rule == "verified")
-        judge = _run(context, "judge", judge_payload)
         if judge.died:
             status, detail = _died(judge, "reference")
             return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
@@ -333,8 +353,10 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
         cand = (candidate.get("sets") or {}).get(input_set.set_id)
         ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
         errors = {key: ref[key] for key in ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs",
-                                            "ref_outputs", "ref_dtypes", "invalid_reason") if key in ref}
-        valid = bool(ref.get("valid")) and not (cand or {}).get("input_error")
+                                            "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error")
+                  if key in ref}
+        valid = (bool(ref.get("valid")) and not (cand or {}).get("input_error")
+                 and not str((cand or {}).get("skipped", "")).startswith("weights_not_rerandomized"))
         base = dict(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
                     weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
                     guards=cand or {})
@@ -354,7 +376,13 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         reason = cand["skipped"]
         if reason.startswith("construct_error"):
             return Status.RUNTIME_ERROR, reason
+        if reason.startswith("weights_not_rerandomized"):
+            return Status.PASSED, "not counted: " + reason  # the verdict carries the warning (SPEC §2)
         return Status.UNVERIFIABLE, reason
+    if cand.get("bad_output"):
+        return Status.INCORRECT, cand["error"]
+    if ref.get("candidate_output_error"):
+        return Status.INCORRECT, "the candidate's output could not be compared: " + ref["candidate_output_error"]
     if "error" in cand and "outputs" not in cand:
         if not ref.get("valid"):
             return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
@@ -400,7 +428,7 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
                              reproducer=_reproducer(protocol, secret, None))
     if protocol.guards and candidate.get("tampered"):
         return _base_verdict(context, Status.EXPLOIT_TAMPER, build=build, warnings=tuple(warnings), sets=tuple(sets),
-                             message="replaced harness functions: " + ", ".join(candidate["tampered"][:6]),
+                             message="changed the harness: " + ", ".join(candidate["tampered"][:6]),
                              hidden_shapes=origin, reproducer=_reproducer(protocol, secret, None))
     if candidate.get("threads_started", 0) > 0:
         warnings.append(Warn.THREADS_STARTED.value)
@@ -438,6 +466,7 @@ def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, s
 def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cache) -> Verdict:
     protocol = context.protocol
     payload = _payload(context, secret=secret, budget_s=protocol.timing_budget_s,
+                       norm_rtol=protocol.norm_rtol or protocol.rtol, baseline_allowance=protocol.baseline_allowance,
                        ci_half_width=protocol.ci_half_width, train_mode=protocol.train_mode,
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
@@ -447,6 +476,14 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
         status, detail = _died(timed, "candidate")
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     record = timed.result
+    claimed_ms = sum(sum(r.get("ref_ms", [])) + sum(r.get("cand_ms", [])) for r in record.get("rounds", []))
+    if claimed_ms > 1e3 * timed.wall_s or ("rounds" in record and "stale" not in record and "error" not in record):
+        return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
+                                   message=f"the timing record is not one the harness wrote ({claimed_ms:.0f} ms of "
+                                           f"calls claimed in {timed.wall_s:.1f} s of worker time)")
+    if record.get("error") and record.get("error_side") == "reference":
+        return dataclasses.replace(verdict, status=Status.UNVERIFIABLE,
+                                   message="the reference failed while timed: " + record["error"])
     if record.get("load_error") or record.get("error"):
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR,
                                    message="while timed: " + (record.get("load_error") or record.get("error")))
@@ -510,18 +547,25 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
                    cand_ms: float) -> tuple[Status, str, list[str]]:
     warnings: list[str] = []
     if record.get("tampered"):
-        return Status.EXPLOIT_TAMPER, "replaced harness functions: " + ", ".join(record["tampered"][:6]), warnings
+        return Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(record["tampered"][:6]), warnings
     slowing = [change for change in [record.get("flags_changed_at_import") or {}, *record.get("flags_changed", [])]
                if any(_SLOWING_FLAGS.get(key) == value for key, value in change.items())]
     if slowing or record.get("torch_functions_changed"):
         what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
         return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
     stale = record.get("stale") or {}
+    if stale.get("n_wrong_structure"):
+        return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_wrong_structure']} timed outputs differ from the reference's "
+                f"in type, shape or dtype (first: call {stale['wrong_structure'][0]})", warnings)
+    if not stale.get("checked"):
+        return Status.EXPLOIT_STALE_OUTPUT, "no timed output could be checked against the reference", warnings
     if stale.get("n_mismatches"):
         first = stale["mismatches"][0]
+        error = first.get("relative_error")
+        shown = f"{error:.3g}" if isinstance(error, (int, float)) else first.get("why", "?")
         return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed outputs "
-                f"are wrong for their inputs (call {first['call']}: norm-wise error {first['relative_error']:.3g})",
-                warnings)
+                f"are wrong for their inputs (call {first['call']}: norm-wise error {shown}, limit "
+                f"{first.get('limit', 0):.3g})", warnings)
     if record.get("n_unsettled"):
         return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
                 "returned (work still running when the end event was recorded)", warnings)
@@ -535,10 +579,11 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if threads > 0:
         warnings.append(Warn.THREADS_STARTED.value)
     if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
-        floor_ms = record["input_bytes"] / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
+        moved = record["input_bytes"] + record.get("output_bytes", 0)
+        floor_ms = moved / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
         if cand_ms < IMPOSSIBLE_MARGIN * floor_ms:
             return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
-                    f"once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
+                    f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
     if on_gpu and clean and clean.get("rounds"):
         clean_ms = _median([t for r in clean["rounds"] for t in r["ref_ms"]])
         if clean_ms > 0 and ref_ms / clean_ms > BASELINE_SLOWDOWN_LIMIT:

@@ -73,7 +73,7 @@ class ChildOutcome:
     last_phase: str  # the phase the child announced last ("" if none)
     output_head: str
     output_tail: str
-    output_bytes: int
+    output_bytes: int  # approximate once output was cut: writes racing the cut go uncounted
     wall_s: float
 
     @property
@@ -84,14 +84,31 @@ class ChildOutcome:
 def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
               env: dict | None = None, keep_dir: bool = False) -> ChildOutcome:
     """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
-    outcome = _run_child(job, payload, timeout_s=timeout_s, device=device, env=env, keep_dir=keep_dir)
-    error = (outcome.result or {}).get("infrastructure_error", "")
-    if "forked subprocess" in error and _context is not None and _context.get_start_method() == "forkserver":
+    return run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir)])[0]
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    job: str
+    payload: dict
+    timeout_s: float
+    device: str = "cpu"
+    env: dict | None = None
+    keep_dir: bool = False
+    on_exit: object = None  # called with no arguments as soon as this child has ended, however it ended
+
+
+def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
+    """Run children side by side (e.g. a candidate and the judge that consumes its outputs) and wait for all."""
+    outcomes = _run_together(specs)
+    broken = [o for o in outcomes if "forked subprocess" in (o.result or {}).get("infrastructure_error", "")]
+    if broken and _context is not None and _context.get_start_method() == "forkserver":
         # Something the server preloaded touched CUDA, so forked children cannot use it: spawn from now on.
-        log.warning("CUDA is unusable in forked workers here (%s); falling back to spawned workers", error)
+        log.warning("CUDA is unusable in forked workers here (%s); falling back to spawned workers",
+                    broken[0].result["infrastructure_error"])
         _use_spawn()
-        outcome = _run_child(job, payload, timeout_s=timeout_s, device=device, env=env, keep_dir=keep_dir)
-    return outcome
+        outcomes = _run_together(specs)
+    return outcomes
 
 
 def _use_spawn() -> None:
@@ -99,48 +116,79 @@ def _use_spawn() -> None:
     _context = multiprocessing.get_context("spawn")
 
 
-def _run_child(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None,
-               keep_dir: bool) -> ChildOutcome:
-    workdir = Path(tempfile.mkdtemp(prefix=f"kbverify-{job}-"))
-    child_env = dict(env or {})
-    visible = _visible_devices(device)
-    if visible is not None:
-        child_env["CUDA_VISIBLE_DEVICES"] = visible
-    started = time.monotonic()
+class _Running:
+    def __init__(self, spec: ChildSpec):
+        self.spec = spec
+        # Neutral names: nothing in the child's cwd, HOME or TMPDIR says which job it runs; the result goes to a
+        # sibling folder that is not the child's working directory.
+        self.workdir = Path(tempfile.mkdtemp(prefix="kbv-"))
+        self.resultdir = Path(tempfile.mkdtemp(prefix="kbv-"))
+        child_env = dict(spec.env or {})
+        visible = _visible_devices(spec.device)
+        if visible is not None:
+            child_env["CUDA_VISIBLE_DEVICES"] = visible
+        self.started = time.monotonic()
+        try:
+            self.process = _forkserver().Process(target=_child_main,
+                                                 args=(spec.job, spec.payload, str(self.workdir), child_env,
+                                                       str(self.resultdir)),
+                                                 daemon=False)
+            self.process.start()
+        except OSError as error:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise InfrastructureError(f"cannot start a worker process: {error}") from None
+        self.log_path = self.workdir / "output.log"
+        self.head, self.dropped = b"", 0
+        self.timed_out = False
+        self.outcome: ChildOutcome | None = None
+
+    def poll(self) -> bool:
+        """True once the child has ended (and its outcome is collected)."""
+        if self.outcome is not None:
+            return True
+        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
+        if self.process.is_alive():
+            if time.monotonic() - self.started <= self.spec.timeout_s:
+                return False
+            self.timed_out = True
+        self._collect()
+        return True
+
+    def _collect(self) -> None:
+        _kill_group(self.process.pid)
+        self.process.join(5)
+        wall_s = time.monotonic() - self.started
+        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
+        tail = _read_tail(self.log_path, self.head)
+        result = None if self.timed_out else _read_json(self.resultdir / "result.json")
+        if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
+            _last_worker_info[self.spec.device] = result.pop("_worker")
+        phase_file = self.workdir / "phase"
+        last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
+        size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.outcome = ChildOutcome(result=result, exit_code=self.process.exitcode, timed_out=self.timed_out,
+                                    last_phase=last_phase, output_head=self.head.decode(errors="replace"),
+                                    output_tail=tail, output_bytes=self.dropped + size, wall_s=wall_s)
+        shutil.rmtree(self.resultdir, ignore_errors=True)
+        if not self.spec.keep_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        if callable(self.spec.on_exit):
+            self.spec.on_exit()
+
+
+def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
+    running = []
     try:
-        process = _forkserver().Process(target=_child_main, args=(job, payload, str(workdir), child_env),
-                                        daemon=False)
-        process.start()
-    except OSError as error:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise InfrastructureError(f"cannot start a worker process: {error}") from None
-    log_path = workdir / "output.log"
-    head = b""
-    dropped = 0
-    timed_out = False
-    while process.is_alive():
-        process.join(_POLL_S)
-        head, dropped = _bound_log(log_path, head, dropped)
-        if time.monotonic() - started > timeout_s and process.is_alive():
-            timed_out = True
-            break
-    _kill_group(process.pid)
-    process.join(5)
-    wall_s = time.monotonic() - started
-    head, dropped = _bound_log(log_path, head, dropped)
-    tail = _read_tail(log_path, head)
-    result = None if timed_out else _read_json(workdir / "result.json")
-    if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
-        _last_worker_info[device] = result.pop("_worker")
-    phase_file = workdir / "phase"
-    last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
-    outcome = ChildOutcome(result=result, exit_code=process.exitcode, timed_out=timed_out, last_phase=last_phase,
-                           output_head=head.decode(errors="replace"), output_tail=tail,
-                           output_bytes=dropped + (log_path.stat().st_size if log_path.exists() else 0),
-                           wall_s=wall_s)
-    if not keep_dir:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return outcome
+        for spec in specs:
+            running.append(_Running(spec))
+        while not all(child.poll() for child in running):
+            time.sleep(_POLL_S)
+    finally:
+        for child in running:
+            if child.outcome is None:
+                child.timed_out = True
+                child._collect()
+    return [child.outcome for child in running]
 
 
 def _visible_devices(device: str) -> str | None:
@@ -202,7 +250,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _child_main(job: str, payload: dict, workdir: str, env: dict) -> None:
+def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str) -> None:
     """Runs in the child: isolate, redirect output, run the job, write the result atomically, exit hard."""
     os.setsid()
     fd = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -224,10 +272,10 @@ def _child_main(job: str, payload: dict, workdir: str, env: dict) -> None:
     except BaseException as error:  # an infrastructure failure inside our own worker code
         result = {"infrastructure_error": f"{type(error).__name__}: {error}"}
         code = 70
-    tmp = os.path.join(workdir, "result.json.tmp")
+    tmp = os.path.join(resultdir, "result.json.tmp")
     with open(tmp, "w") as handle:
         json.dump(result, handle, default=_json_default)
-    os.replace(tmp, os.path.join(workdir, "result.json"))
+    os.replace(tmp, os.path.join(resultdir, "result.json"))
     # os._exit: leaked threads or atexit hooks of the submission must not keep the child alive.
     os._exit(code)
 

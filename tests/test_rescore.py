@@ -30,6 +30,7 @@ from kbverify.status import Status
 from kbverify.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
+WORKER_TIMEOUT_S = 60
 FAST = {"verified": {"timing_budget_s": 0.2}}
 OTHER_MACHINE = {"gpu_model": "NVIDIA H100 80GB HBM3", "driver": "550.54", "cuda": "12.4", "torch": "2.5.1"}
 
@@ -103,8 +104,11 @@ def fast_verified_file(root: Path) -> Path:
 
 
 def kbverify(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kbverify", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    args = [str(arg) for arg in args]
+    if args[0] in ("check", "rescore") and "--timeout" not in args:
+        args += ["--timeout", str(WORKER_TIMEOUT_S)]  # a stuck worker becomes a verdict, not a stuck test
+    return subprocess.run([sys.executable, "-m", "kbverify", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def stored_rows(path: Path) -> dict[str, tuple]:
@@ -122,8 +126,8 @@ def planned_keys(source: Path, protocol_spec: str) -> set[str]:
 
 def _rescore(source: Path, store: Path, **overrides) -> dict:
     arguments = dict(fmt="auto", tasks=None, store_path=store, protocols="original,verified", samples="first",
-                     report_dir=None, device="cpu", hidden_dirs=[], timeout_s=60.0, show_progress=False,
-                     protocol_overrides=FAST)
+                     report_dir=None, device="cpu", hidden_dirs=[], timeout_s=float(WORKER_TIMEOUT_S),
+                     show_progress=False, protocol_overrides=FAST)
     return jobs.run_rescore(source, **{**arguments, **overrides})
 
 
@@ -172,7 +176,7 @@ def test_a_killed_rescore_resumes_without_losing_or_duplicating_a_unit(tmp_path)
     store = tmp_path / "store.sqlite"
     protocols = f"original,{fast_verified_file(tmp_path)}"
     command = [sys.executable, "-m", "kbverify", "rescore", str(source), "--store", str(store), "--protocol",
-               protocols, "--device", "cpu", "--json"]
+               protocols, "--device", "cpu", "--timeout", str(WORKER_TIMEOUT_S), "--json"]
     with open(tmp_path / "killed.log", "w") as log:
         # Its own session, so the kill reaches the whole process group (the CLI and its worker server).
         process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
@@ -231,8 +235,9 @@ def test_two_device_workers_share_the_queue_and_write_each_unit_once(tmp_path, m
     monkeypatch.setattr(rescore_module, "evaluate_unit", spying_evaluate)
     progress = []
     with Store(tmp_path / "store.sqlite") as store:
+        options = CheckOptions(device="cpu", timeout_s=float(WORKER_TIMEOUT_S))
         summary = rescore_module.rescore(entries, protocols, store, run_id="two-workers", devices=["cpu", "cpu"],
-                                         options=CheckOptions(device="cpu", timeout_s=60.0), progress=progress.append)
+                                         options=options, progress=progress.append)
         stored = {key: verdict for key, verdict in store.verdicts()}
     assert (summary.units, summary.evaluated, summary.errors) == (8, 8, ())
     assert len({thread for thread, _, _ in ran}) == 2 and {device for _, device, _ in ran} == {"cpu"}
