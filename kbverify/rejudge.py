@@ -32,7 +32,10 @@ def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
     kept = [s for s in verdict.sets if _wanted(s, protocol)]
     missing = set(protocol.distributions) - {s.distribution for s in verdict.sets}
     base = dataclasses.replace(verdict, protocol=protocol.name, protocol_sha256=protocol.sha256)
-    if verdict.status in _VERDICT_LEVEL:
+    decided_by_sets = any(s.status is not Status.PASSED for s in verdict.sets)
+    if verdict.status in _VERDICT_LEVEL or (verdict.status is not Status.PASSED and not decided_by_sets):
+        # decided outside the input sets (build, tamper, a crash, the timing guards): no stored set evidence
+        # can overturn it
         return base
     if missing:
         return dataclasses.replace(base, status=Status.UNVERIFIABLE,
@@ -43,6 +46,8 @@ def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
         status, detail = decide_set(result.guards or None, ref, protocol, {})
         rejudged.append(dataclasses.replace(result, status=status, detail=detail))
     status, message, _ = aggregate_sets(rejudged, protocol)
+    if status is Status.PASSED and not any(s.valid for s in rejudged):
+        status, message = Status.UNVERIFIABLE, "no valid input set: the reference fails on all of them"
     new = dataclasses.replace(base, status=status, message=message, sets=tuple(rejudged),
                               speedup=None, speedup_ci=None, speed_class=None)
     if status is Status.PASSED and verdict.timing.get("interleaved"):

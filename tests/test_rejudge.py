@@ -1,0 +1,52 @@
+"""rejudge recomputes verdicts from stored evidence alone, and never turns a failure it cannot see into a pass."""
+
+import dataclasses
+
+import pytest
+
+from corpus_cases import CORPUS, REPO
+from kbverify.protocols import KBV, VERIFIED
+from kbverify.records import Verdict
+from kbverify.rejudge import rejudge_verdict
+from kbverify.runner import CheckOptions, check
+from kbverify.status import Status
+from kbverify.submissions import load_submission
+from kbverify.tasks import load_task
+
+FAST = VERIFIED.with_overrides(timing_budget_s=0.2)
+OPTIONS = CheckOptions(device="cpu", timeout_s=60)
+
+
+def _check(submission: str, task: str) -> Verdict:
+    verdict = check(load_task(REPO / task), load_submission(CORPUS / submission), FAST, OPTIONS)
+    return Verdict.from_dict(verdict.to_dict())  # through the store's representation
+
+
+@pytest.mark.slow
+def test_a_verdict_decided_by_its_sets_follows_the_new_rules():
+    verdict = _check("exploits/layernorm_one_pass_variance.py", "tasks/basic/level1/4_LayerNorm.py")
+    assert verdict.status is Status.INCORRECT
+    assert rejudge_verdict(verdict, FAST).status is Status.INCORRECT, "same rules, same verdict"
+    # Without the shifted distribution the one-pass variance is not exposed (KernelBench-Verified's four sets).
+    without_shift = FAST.with_overrides(distributions=("x1", "x3", "x0.01", "neg"), name="no-shift")
+    assert rejudge_verdict(verdict, without_shift).status is Status.PASSED
+    loose = FAST.with_overrides(atol=1e-1, rtol=1e-1, norm_rtol=1e-1, name="loose")
+    assert rejudge_verdict(verdict, loose).status is Status.PASSED
+
+
+@pytest.mark.slow
+def test_a_failure_found_while_timed_survives_rejudging():
+    verdict = _check("exploits/matmul_bf16_once_warm.py", "tasks/basic/level1/2_Square_matrix_multiplication_.py")
+    assert verdict.status is Status.EXPLOIT_STALE_OUTPUT
+    assert all(s.status is Status.PASSED for s in verdict.sets)
+    assert rejudge_verdict(verdict, FAST).status is Status.EXPLOIT_STALE_OUTPUT
+
+
+def test_sets_never_measured_make_the_verdict_unverifiable_not_passed():
+    base = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
+                   protocol="kbv", protocol_sha256="", status=Status.PASSED)
+    from kbverify.records import SetResult
+
+    only_x1 = dataclasses.replace(base, sets=(SetResult("original/x1/default/s0", "original", "x1", "default", 1, True,
+                                                        Status.PASSED, errors={"comparison": {"outputs": []}}),))
+    assert rejudge_verdict(only_x1, KBV).status is Status.UNVERIFIABLE
