@@ -142,7 +142,7 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
           level: Optional[int] = typer.Option(None, "--level", help="level of a KernelBench eval_results.json"),
           p: str = typer.Option(DEFAULT_P, "--p"),
           exclude_degenerate: Optional[Path] = typer.Option(None, "--exclude-degenerate"),
-          samples: str = typer.Option("first", "--samples"),
+          samples: Optional[str] = typer.Option(None, "--samples", help="first or best (default: each protocol's own)"),
           json_out: bool = typer.Option(False, "--json")):
     """fast_p from stored verdicts, a score JSONL, or KernelBench's own files."""
     _setup_logging(False)
@@ -237,12 +237,10 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("kbverify: interrupted; finished work is in the store\n")
         sys.exit(130)
-    except Exception as error:  # click usage errors and the like
-        import click
-
-        if isinstance(error, click.exceptions.ClickException):
+    except Exception as error:  # usage errors from click (or the copy of it that typer bundles)
+        if hasattr(error, "format_message") and hasattr(error, "exit_code"):
             sys.stderr.write(f"kbverify: {error.format_message()}\n")
             sys.exit(2)
-        if isinstance(error, click.exceptions.Abort):
+        if type(error).__name__ == "Abort":
             sys.exit(130)
         raise

@@ -19,13 +19,14 @@ DEMO_TASKS = REPO_ROOT / "tasks" / "basic"
 P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
 
 
-def tables_by_protocol(verdicts: list[Verdict], ps, samples: str, exclude: set[str] | None = None) -> dict:
-    from kbverify.report import score_rows_from_verdicts
+def tables_by_protocol(verdicts: list[Verdict], ps, samples: str | None, exclude: set[str] | None = None) -> dict:
+    """One score table per protocol; `samples` None takes each protocol's own rule, as the reports do."""
+    from kbverify.report import samples_rule, score_rows_from_verdicts
     from kbverify.score import score_rows, table_to_dict
 
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
     return {name: table_to_dict(score_rows(score_rows_from_verdicts([v for v in verdicts if v.protocol == name]),
-                                           ps, samples=samples, exclude=exclude))
+                                           ps, samples=samples or samples_rule(name), exclude=exclude))
             for name in protocols}
 
 
@@ -142,7 +143,8 @@ def _changes_text(verdicts: list[Verdict]) -> str:
 
 
 def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exclude_path: Path | None,
-              samples: str) -> dict:
+              samples: str | None) -> dict:
+    """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best)."""
     from kbverify import present, score
     from kbverify.store import Store
 
@@ -164,7 +166,8 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         tables = tables_by_protocol(verdicts, ps, samples, exclude)
     else:
         rows = score.read_score_jsonl(source)
-        tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples, exclude=exclude))}
+        tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples or "first",
+                                                                 exclude=exclude))}
     return {"text": present.render_fast_p(tables, ps), "json": {"tables": tables}}
 
 
@@ -227,7 +230,7 @@ def run_rejudge(store_path: Path, protocol_spec: str) -> dict:
         if new.status is not verdict.status:
             changes.append({"submission": verdict.submission, "task": verdict.task_name, "from": verdict.status.value,
                             "to": new.status.value, "message": new.message})
-    tables = tables_by_protocol(rejudged, P_VALUES, "first") if rejudged else {}
+    tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
     text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
     text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)
     return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,

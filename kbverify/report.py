@@ -44,7 +44,7 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
         "p_values": list(P_VALUES),
         "protocols": protocols,
         "claimed": _claimed_summary(verdicts),
-        "by_protocol": {name: _protocol_summary(group, samples or _samples_rule(name))
+        "by_protocol": {name: _protocol_summary(group, samples or samples_rule(name))
                         for name, group in by_protocol.items()},
         "status_changes": status_changes(verdicts, protocols),
         "code_path": code_path_mismatches(verdicts),
@@ -65,7 +65,8 @@ def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
             for v in verdicts]
 
 
-def _samples_rule(protocol: str) -> str:
+def samples_rule(protocol: str) -> str:
+    """How a protocol picks one sample per task: a preset's own rule, else the first sample."""
     preset = PRESETS.get(protocol)
     return preset.samples if preset is not None else "first"
 

@@ -252,7 +252,9 @@ def _read_json(path: Path) -> dict | None:
 
 def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str) -> None:
     """Runs in the child: isolate, redirect output, run the job, write the result atomically, exit hard."""
+    parent = os.getppid()
     os.setsid()
+    _die_with_parent(parent)
     fd = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -278,6 +280,20 @@ def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str
     os.replace(tmp, os.path.join(resultdir, "result.json"))
     # os._exit: leaked threads or atexit hooks of the submission must not keep the child alive.
     os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """A new session escapes the caller's process group, so a killed kbverify would leave its workers running
+    with no one to enforce their timeouts: ask the kernel to kill this child when its parent (the server) dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(70)
 
 
 def _json_default(value):

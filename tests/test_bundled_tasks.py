@@ -317,7 +317,11 @@ HONEST = [p for p in IN_PROCESS if p.parent.name == "honest"]
 
 @pytest.mark.parametrize("path", HONEST, ids=lambda p: p.name)
 def test_honest_submission_is_right_on_signed_inputs_and_fresh_weights(path: Path):
+    # a submission whose parameters are named differently cannot take Model's weights (it is verified with a warning)
+    renamed = "weights_not_rerandomized" in parse_header(path).get("warn", "")
     for rerandomize, factor in ((False, 1.0), (False, -1.0), (True, 3.0)):
+        if rerandomize and renamed:
+            continue
         expected, got = _run_submission(path, _task_of(path), rerandomize=rerandomize, factor=factor)
         assert torch.allclose(expected, got, atol=1e-4, rtol=1e-4), (rerandomize, factor)
 

@@ -139,8 +139,6 @@ def test_input_errors_exit_2_with_one_line(tmp_path):
     assert_input_error(kbverify("check", good, "--task", RELU, "--device", "gpu"), "gpu")
 
 
-@pytest.mark.xfail(strict=True, reason="cli.main catches click.ClickException, but this typer raises its bundled "
-                                       "typer._click exceptions, so usage errors end in a traceback with exit 1")
 def test_usage_errors_exit_2_with_one_line(tmp_path):
     good = write(tmp_path / "relu_clamp.py", HONEST_RELU)
     assert_input_error(kbverify("check", good), "task")

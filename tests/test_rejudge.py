@@ -36,7 +36,7 @@ def test_a_verdict_decided_by_its_sets_follows_the_new_rules():
 
 @pytest.mark.slow
 def test_a_failure_found_while_timed_survives_rejudging():
-    verdict = _check("exploits/matmul_bf16_once_warm.py", "tasks/basic/level1/2_Square_matrix_multiplication_.py")
+    verdict = _check("exploits/matmul_bf16_when_inputs_reused.py", "tasks/basic/level1/2_Square_matrix_multiplication_.py")
     assert verdict.status is Status.EXPLOIT_STALE_OUTPUT
     assert all(s.status is Status.PASSED for s in verdict.sets)
     assert rejudge_verdict(verdict, FAST).status is Status.EXPLOIT_STALE_OUTPUT

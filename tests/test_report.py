@@ -10,8 +10,10 @@ from html.parser import HTMLParser
 
 import pytest
 
+from kbverify.jobs import tables_by_protocol
+from kbverify.plots import _step_points
 from kbverify.records import BuildRecord, SetResult, Verdict
-from kbverify.report import fast_p_table, render_markdown_summary, status_changes, write_reports
+from kbverify.report import P_VALUES, fast_p_table, render_markdown_summary, status_changes, summarize, write_reports
 from kbverify.status import Status
 
 
@@ -110,6 +112,46 @@ def test_best_sample_rule_for_kbv():
     kbv = next(line for line in summary.splitlines() if line.startswith("| kbv"))
     original = next(line for line in summary.splitlines() if line.startswith("| original"))
     assert "| 1 | 1 | 100.0%" in kbv and "| 1 | 0 | 0.0%" in original
+
+
+def test_report_and_score_agree_sample_rules_included():
+    """The report's fast_p is `kbverify score`'s, per protocol; kbv keeps its best sample unless told otherwise."""
+    run = realistic_run() + [
+        verdict("1_A", "kbv", Status.INCORRECT, sample=0),
+        verdict("1_A", "kbv", Status.PASSED, speedup=2.5, ci=(2.4, 2.6), sample=1),
+        verdict("2_B", "kbv", Status.PASSED, speedup=0.7, ci=(0.6, 0.8), sample=0),
+    ]
+    for samples in (None, "first", "best"):
+        summary = summarize(run, samples=samples)
+        tables = tables_by_protocol(run, P_VALUES, samples)
+        assert summary["protocols"] == list(tables) == ["original", "verified", "kbv"]
+        for name, table in tables.items():
+            mine = summary["by_protocol"][name]
+            assert [r["fast_p"] for r in mine["fast_p"]] == [r["fast_p"] for r in table["rows"]]
+            assert [r["fast_p_ci"] for r in mine["fast_p"]] == [r["fast_p_ci"] for r in table["rows"]]
+            assert [r["confident_fast_p"] for r in mine["fast_p"]] == [r["confident_fast_p"] for r in table["rows"]]
+            assert mine["n_tasks"] == table["n_tasks"] and mine["passed"] == table["n_correct"]
+            assert mine["geomean_speedup_passed"] == table["geomean_speedup"]
+    kbv = {r["p"]: r["fast_p"] for r in summarize(run)["by_protocol"]["kbv"]["fast_p"]}
+    assert kbv[2.0] == 0.5 and kbv[0.5] == 1.0
+    first = {r["p"]: r["fast_p"] for r in summarize(run, samples="first")["by_protocol"]["kbv"]["fast_p"]}
+    assert first[2.0] == 0.0 and first[0.5] == 0.5
+
+
+def test_confident_fast_p_is_absent_without_speedup_intervals(tmp_path):
+    run = [verdict("1_A", "original", Status.PASSED, speedup=3.0), verdict("2_B", "original", Status.INCORRECT)]
+    rows = fast_p_table(run)
+    assert [r["fast_p"] for r in rows] == [0.5] * 5
+    assert all(r["confident_fast_p"] is None for r in rows)
+    markdown = write_reports(run, tmp_path)["md"].read_text()
+    assert "| 1 | 50.0% [" in markdown and markdown.count("| –") >= 5
+
+
+def test_fast_p_curve_steps_down_just_after_each_speedup():
+    # Four tasks, two correct at 0.5× and 1.5×: fast_p is 2/4 up to 0.5, 1/4 up to 1.5, then 0.
+    assert _step_points([0.5, 1.5], 4, 3.0) == [(0.0, 0.5), (0.5, 0.5), (0.5, 0.25), (1.5, 0.25), (1.5, 0.0),
+                                                (3.0, 0.0)]
+    assert _step_points([], 0, 3.0) == [(0.0, 0.0), (3.0, 0.0)]
 
 
 class _Collector(HTMLParser):
