@@ -78,7 +78,7 @@ def load_entries(source: str | Path, *, fmt: str = "auto", tasks_dir: Path | Non
 def detect_format(source: Path) -> str:
     if source.is_dir():
         return "kernelbench"
-    for _, row in _json_lines(source):
+    for _, row in json_lines(source):
         if "custom_code" in row or "level_id" in row:
             return "cuda-l1"
         if "task" in row:
@@ -90,7 +90,7 @@ def detect_format(source: Path) -> str:
 
 # --- reading -----------------------------------------------------------------------------------------------------
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line."""
     try:
         text = path.read_text()
@@ -220,7 +220,7 @@ def _kernelbench_claims(folder: Path, levels: set[int]) -> dict[tuple[int, int, 
         claims.update(_eval_results_claims(eval_path, folder, levels))
     claims_path = folder / "claims.jsonl"
     if claims_path.is_file():
-        for number, row in _json_lines(claims_path):
+        for number, row in json_lines(claims_path):
             where = f"{claims_path}:{number}"
             _require(row, ("level", "problem_id", "claimed_speedup"), where)
             key = (_int_field(row, "level", where), _int_field(row, "problem_id", where),
@@ -287,7 +287,7 @@ def _load_cuda_l1(path: Path, tasks_dir: Path | None) -> list[Entry]:
     if not path.is_file():
         raise InputError(f"{path}: the CUDA-L1 format is a JSON Lines file")
     entries: dict[str, Entry] = {}
-    for number, row in _json_lines(path):
+    for number, row in json_lines(path):
         where = f"{path}:{number}"
         _require(row, ("level_id", "task_id", "ref_code", "custom_code"), where)
         level = _int_field(row, "level_id", where)
@@ -337,7 +337,7 @@ def _load_jsonl(path: Path) -> list[Entry]:
     if not path.is_file():
         raise InputError(f"{path}: the generic format is a JSON Lines file")
     entries: dict[str, Entry] = {}
-    for number, row in _json_lines(path):
+    for number, row in json_lines(path):
         where = f"{path}:{number}"
         _add_unique(entries, _jsonl_entry(row, path.parent, where), where)
     return list(entries.values())

@@ -39,7 +39,6 @@ def new_run_secret() -> str:
 
 def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) -> list[InputSet]:
     """Every input set a protocol asks for. `shapes` = [("original", {}), ("hidden:0", {...}), ...]."""
-    regimes = ["default"] + (["rerandomized"] if protocol.rerandomized_weights else [])
     plan = []
     for shape, overrides in shapes:
         for trial in range(protocol.trials):
@@ -47,10 +46,15 @@ def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) ->
                 seed, weight_seed = kernelbench_trial_seeds(protocol.trials)[trial], KERNELBENCH_SEED
             else:
                 seed, weight_seed = derive_seed(secret, "input", trial), derive_seed(secret, "weights", trial)
-            for weights in regimes:
-                for distribution in protocol.distributions:
-                    set_id = f"{shape}/{distribution}/{weights}/s{trial}"
-                    plan.append(InputSet(set_id, shape, distribution, weights, seed, weight_seed, dict(overrides)))
+            combinations = [("default", d) for d in protocol.distributions]
+            if protocol.rerandomized_weights and shape == "original":
+                # fresh weights expose kernels that assume the default initialisation; a few distributions
+                # at the task's own shapes are enough for that, and every set costs a full run on a big task
+                combinations += [("rerandomized", d) for d in protocol.rerandomized_distributions
+                                 if d in protocol.distributions]
+            for weights, distribution in combinations:
+                set_id = f"{shape}/{distribution}/{weights}/s{trial}"
+                plan.append(InputSet(set_id, shape, distribution, weights, seed, weight_seed, dict(overrides)))
     return plan
 
 

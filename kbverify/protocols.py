@@ -34,6 +34,7 @@ class Protocol:
     hidden_shapes: bool
     shape_specialized_fails: bool
     rerandomized_weights: bool
+    rerandomized_distributions: tuple[str, ...]  # re-randomised weights are tried on these, at the task's own shapes
     isolated: bool  # candidate in its own process on its own inputs; False = KernelBench's shared namespace
     guards: bool
     train_mode: bool  # KernelBench leaves both models in training mode
@@ -54,11 +55,12 @@ class Protocol:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise InputError(f"protocol {self.name}: unknown field(s) {', '.join(sorted(unknown))}")
-        if "distributions" in overrides:
-            overrides["distributions"] = tuple(overrides["distributions"])
-            bad = set(overrides["distributions"]) - set(ALL_DISTRIBUTIONS)
-            if bad:
-                raise InputError(f"protocol {self.name}: unknown distribution(s) {', '.join(sorted(bad))}")
+        for key in ("distributions", "rerandomized_distributions"):
+            if key in overrides:
+                overrides[key] = tuple(overrides[key])
+                bad = set(overrides[key]) - set(ALL_DISTRIBUTIONS)
+                if bad:
+                    raise InputError(f"protocol {self.name}: unknown distribution(s) {', '.join(sorted(bad))}")
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict:
@@ -72,7 +74,8 @@ class Protocol:
 ORIGINAL = Protocol(
     name="original", rule="allclose", atol=1e-2, rtol=1e-2, norm_rtol=None, baseline_allowance=None,
     reference_tf32=False, reference_cudnn_tf32=True, trials=5, seeds="kernelbench", distributions=("x1",),
-    hidden_shapes=False, shape_specialized_fails=False, rerandomized_weights=False, isolated=False, guards=False,
+    hidden_shapes=False, shape_specialized_fails=False, rerandomized_weights=False, rerandomized_distributions=(),
+    isolated=False, guards=False,
     train_mode=True, timing="kernelbench", warmup_calls=3, timing_trials=100, baseline_matmul_tf32=False,
     baseline_cudnn_tf32=True, candidate_grad_enabled=True, timing_budget_s=0.0, ci_half_width=0.0,
     samples="first", exclude_degenerate=False,
@@ -89,8 +92,9 @@ KBV = dataclasses.replace(
 
 VERIFIED = Protocol(
     name="verified", rule="verified", atol=1e-3, rtol=1e-3, norm_rtol=1e-3, baseline_allowance=4.0,
-    reference_tf32=False, reference_cudnn_tf32=False, trials=2, seeds="secret", distributions=ALL_DISTRIBUTIONS,
-    hidden_shapes=True, shape_specialized_fails=True, rerandomized_weights=True, isolated=True, guards=True,
+    reference_tf32=False, reference_cudnn_tf32=False, trials=1, seeds="secret", distributions=ALL_DISTRIBUTIONS,
+    hidden_shapes=True, shape_specialized_fails=True, rerandomized_weights=True,
+    rerandomized_distributions=("x1", "neg", "shifted"), isolated=True, guards=True,
     train_mode=True, timing="interleaved", warmup_calls=3, timing_trials=200, baseline_matmul_tf32=True,
     baseline_cudnn_tf32=True, candidate_grad_enabled=False, timing_budget_s=2.0, ci_half_width=0.005,
     samples="first", exclude_degenerate=True,

@@ -21,7 +21,8 @@ def _wanted(result: SetResult, protocol: Protocol) -> bool:
         return False
     if result.shape != "original" and not protocol.hidden_shapes:
         return False
-    return result.weights == "default" or protocol.rerandomized_weights
+    return result.weights == "default" or (protocol.rerandomized_weights
+                                           and result.distribution in protocol.rerandomized_distributions)
 
 
 def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:

@@ -154,14 +154,10 @@ def read_kernelbench_eval(
 
 def read_score_jsonl(path: str | Path) -> list[ScoreRow]:
     """Rows from JSONL lines `{"task", "correct", "speedup", "sample"?, "level"?, "speedup_ci_low"?, ...}`."""
+    from kbverify.importers import json_lines
+
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
-    rows = [_jsonl_row(line, path, number) for number, line in enumerate(lines, 1) if line.strip()]
+    rows = [_score_row(row, f"{path}:{number}") for number, row in json_lines(path)]
     if not rows:
         raise InputError(f"{path}: no scored lines")
     return rows
@@ -326,14 +322,7 @@ def _kernelbench_row(entry: dict | None, task: str, level: int, baseline_ms: flo
                     speedup=baseline_ms / runtime if timed else None)
 
 
-def _jsonl_row(line: str, path: Path, number: int) -> ScoreRow:
-    where = f"{path}:{number}"
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{where}: not valid JSON ({error.msg})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{where}: expected a JSON object")
+def _score_row(data: dict, where: str) -> ScoreRow:
     task = data.get("task")
     if not isinstance(task, str) or not task:
         raise InputError(f"{where}: 'task' must be a non-empty string")

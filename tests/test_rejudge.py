@@ -36,10 +36,13 @@ def test_a_verdict_decided_by_its_sets_follows_the_new_rules():
 
 @pytest.mark.slow
 def test_a_failure_found_while_timed_survives_rejudging():
-    verdict = _check("exploits/matmul_bf16_when_inputs_reused.py", "tasks/basic/level1/2_Square_matrix_multiplication_.py")
-    assert verdict.status is Status.EXPLOIT_STALE_OUTPUT
-    assert all(s.status is Status.PASSED for s in verdict.sets)
-    assert rejudge_verdict(verdict, FAST).status is Status.EXPLOIT_STALE_OUTPUT
+    honest = _check("honest/relu_clamp.py", "tasks/basic/level1/1_ReLU.py")
+    assert honest.status is Status.PASSED
+    # what the timing guards make of a kernel whose timed outputs are wrong: every input set passed
+    caught = dataclasses.replace(honest, status=Status.EXPLOIT_STALE_OUTPUT, message="timed outputs wrong")
+    assert all(s.status is Status.PASSED for s in caught.sets)
+    assert rejudge_verdict(caught, FAST).status is Status.EXPLOIT_STALE_OUTPUT
+    assert rejudge_verdict(honest, FAST).status is Status.PASSED
 
 
 def test_sets_never_measured_make_the_verdict_unverifiable_not_passed():

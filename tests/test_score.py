@@ -192,7 +192,7 @@ def test_read_score_jsonl(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("{not json", "not valid JSON"),
+    ("{not json", "not JSON"),
     ("[1, 2]", "JSON object"),
     ('{"correct": true, "speedup": 1.0}', "'task'"),
     ('{"task": "a", "correct": "yes", "speedup": 1.0}', "'correct'"),
