@@ -132,7 +132,7 @@ def candidate_job(payload: dict) -> dict:
             continue
         announce(f"candidate:run:{set_id}")
         entry = _run_set(candidate, namespaces[input_set["shape"]], input_set, device, outdir, guarded)
-        if not os.path.exists(_output_path(outdir, set_id)):
+        if not entry.get("published"):
             publish_nothing(outdir, set_id)
         record["sets"][set_id] = entry
         if entry.get("fatal"):
@@ -192,7 +192,7 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
         return {**entry, "error": f"output is not made of tensors: {', '.join(strange)}", "bad_output": True}
     saved = [t.detach().clone().cpu() for t in first]
     try:
-        publish_output(outdir, input_set["set_id"], saved)
+        entry["published"] = publish_output(outdir, input_set["set_id"], saved)
     except Exception as error:  # noqa: BLE001 - an output that cannot be handed over is the candidate's failure
         return {**entry, "error": "output cannot be handed over: " + short_error(error), "bad_output": True}
     if guarded:
@@ -239,12 +239,13 @@ def _await_previous_consumed(outdir: str) -> bool:
     return True
 
 
-def publish_output(outdir: str, set_id: str, outputs: list) -> None:
+def publish_output(outdir: str, set_id: str, outputs: list) -> bool:
     if not _await_previous_consumed(outdir):
-        return
+        return False
     tmp = _output_path(outdir, set_id) + ".tmp"
     torch.save(outputs, tmp)
     os.replace(tmp, _output_path(outdir, set_id))
+    return True
 
 
 def publish_nothing(outdir: str, set_id: str) -> None:

@@ -41,6 +41,7 @@ class Protocol:
     # timing
     timing: str  # "kernelbench": warm-ups + trials, mean, same inputs; "interleaved": SPEC §5
     warmup_calls: int
+    device_warmup_s: float  # run the model this long before the warm-up calls, so clocks are up (0: KernelBench)
     timing_trials: int
     baseline_matmul_tf32: bool
     baseline_cudnn_tf32: bool
@@ -76,7 +77,8 @@ ORIGINAL = Protocol(
     reference_tf32=False, reference_cudnn_tf32=True, trials=5, seeds="kernelbench", distributions=("x1",),
     hidden_shapes=False, shape_specialized_fails=False, rerandomized_weights=False, rerandomized_distributions=(),
     isolated=False, guards=False,
-    train_mode=True, timing="kernelbench", warmup_calls=3, timing_trials=100, baseline_matmul_tf32=False,
+    train_mode=True, timing="kernelbench", warmup_calls=3, device_warmup_s=0.0, timing_trials=100,
+    baseline_matmul_tf32=False,
     baseline_cudnn_tf32=True, candidate_grad_enabled=True, timing_budget_s=0.0, ci_half_width=0.0,
     samples="first", exclude_degenerate=False,
 )
@@ -95,7 +97,8 @@ VERIFIED = Protocol(
     reference_tf32=False, reference_cudnn_tf32=False, trials=1, seeds="secret", distributions=ALL_DISTRIBUTIONS,
     hidden_shapes=True, shape_specialized_fails=True, rerandomized_weights=True,
     rerandomized_distributions=("x1", "neg", "shifted"), isolated=True, guards=True,
-    train_mode=True, timing="interleaved", warmup_calls=3, timing_trials=200, baseline_matmul_tf32=True,
+    train_mode=True, timing="interleaved", warmup_calls=3, device_warmup_s=0.2, timing_trials=200,
+    baseline_matmul_tf32=True,
     baseline_cudnn_tf32=True, candidate_grad_enabled=False, timing_budget_s=2.0, ci_half_width=0.005,
     samples="first", exclude_degenerate=True,
 )

@@ -178,6 +178,7 @@ def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
 def _check_kernelbench(context: _Context) -> Verdict:
     protocol = context.protocol
     common = {"trials": protocol.trials, "timing_trials": protocol.timing_trials, "warmup_calls": protocol.warmup_calls,
+              "device_warmup_s": protocol.device_warmup_s,
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
@@ -319,6 +320,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
     """Mean of a few trials for the candidate, and the baseline alone in a clean process (KernelBench-Verified)."""
     protocol = context.protocol
     common = {"timing_trials": protocol.timing_trials, "warmup_calls": protocol.warmup_calls,
+              "device_warmup_s": protocol.device_warmup_s,
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
@@ -467,6 +469,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
     protocol = context.protocol
     payload = _payload(context, secret=secret, budget_s=protocol.timing_budget_s,
                        norm_rtol=protocol.norm_rtol or protocol.rtol, baseline_allowance=protocol.baseline_allowance,
+                       warmup_s=protocol.device_warmup_s,
                        ci_half_width=protocol.ci_half_width, train_mode=protocol.train_mode,
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
