@@ -10,9 +10,9 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats as _scipy_stats
 
 Round = tuple[Sequence[float], Sequence[float]]  # (reference times, candidate times) of one interleaved round
 
@@ -140,7 +140,7 @@ def projected_half_width(log_ratios: Sequence[float], confidence: float = 0.95) 
     if values.size == 0:
         return math.inf
     sigma = 1.4826 * float(np.median(np.abs(values - np.median(values))))
-    z = float(_scipy_stats.norm.ppf(0.5 + confidence / 2.0))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     return math.expm1(z * math.sqrt(math.pi / 2.0) * sigma / math.sqrt(_effective_rounds(values)))
 
 
@@ -238,6 +238,8 @@ def _median_ci_rank(n: int, confidence: float) -> int:
     """Largest rank r with P(x_(r) <= median <= x_(n+1-r)) >= confidence; 0 when even (min, max) falls short."""
     alpha = 1.0 - confidence
     # Coverage of [x_(r), x_(n+1-r)] is 1 - 2 * P(Binomial(n, 1/2) <= r - 1).
+    from scipy import stats as _scipy_stats  # imported on use: it is most of the CLI's start-up time
+
     r = int(_scipy_stats.binom.ppf(alpha / 2.0, n, 0.5))
     while r >= 1 and 2.0 * _scipy_stats.binom.cdf(r - 1, n, 0.5) > alpha:
         r -= 1
