@@ -442,6 +442,10 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
         warnings.append(Warn.NO_VALID_INPUT_SETS.value)
     if status is Status.PASSED and message.startswith("shape_specialized"):
         warnings.append(Warn.SHAPE_SPECIALIZED.value)
+    wide = [s for s in sets if s.distribution == "wide"]
+    if wide and not any(s.valid for s in wide) and "half_precision" in context.static.suspicious:
+        # the one set that separates fp16 from TF32 is invalid for this task, so an fp16 path goes unseen
+        warnings.append(Warn.FP16_PATH.value)
     return _base_verdict(context, status, message=message, build=build, warnings=tuple(dict.fromkeys(warnings)),
                          sets=tuple(sets), hidden_shapes=origin, reproducer=_reproducer(protocol, secret, failing))
 

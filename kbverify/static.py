@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 _GLOBAL_KERNEL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?\w[\w\s:<>,*]*?\b(\w+)\s*\(")
 _NATIVE_CALLS = {"load_inline", "load", "CUDAExtension", "CppExtension", "BuildExtension"}
+_HALF_PRECISION = re.compile(r"\.half\(\)|float16|__half|\bhalf\b|tl\.float16|autocast")
 _PATCH_ROOTS = {"torch", "time", "F", "nn", "gc", "sys", "builtins", "os", "kbverify"}
 
 
@@ -75,6 +76,8 @@ def scan(source: str) -> StaticScan:
                     root = _call_name(target).split(".")[0]
                     if root in _PATCH_ROOTS:
                         suspicious.add(f"assigns:{_call_name(target)}")
+    if _HALF_PRECISION.search(source):
+        suspicious.add("half_precision")
     kernels = tuple(dict.fromkeys(_GLOBAL_KERNEL.findall(source) + triton_kernels))
     return StaticScan(native, triton, kernels, fallback, tuple(sorted(suspicious)))
 
