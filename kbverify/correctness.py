@@ -41,7 +41,10 @@ def summarize(reference, candidate) -> dict:
     return {"outputs": parts}
 
 
-def _summarize_tensor(ref, cand) -> dict:
+CHUNK_ELEMENTS = 1 << 25  # float64 working copies of this many elements at a time: bounded memory on big outputs
+
+
+def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
     import torch
 
     if not isinstance(cand, torch.Tensor):
@@ -50,35 +53,58 @@ def _summarize_tensor(ref, cand) -> dict:
                "ref_dtype": str(ref.dtype), "cand_dtype": str(cand.dtype), "numel": ref.numel()}
     if ref.shape != cand.shape:
         return summary
-    r = ref.detach().to(torch.float64)
-    c = cand.detach().to(device=ref.device, dtype=torch.float64)
-    ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
-    # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
-    nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
-    summary["nonfinite_mismatch"] = int(((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)).sum())
-    summary["ref_nonfinite"] = int((~ref_finite).sum())
-    both = ref_finite & cand_finite
-    r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
-    diff = (c - r).abs()
-    magnitude = r.abs()
-    summary["ref_max_abs"] = float(magnitude.max()) if r.numel() else 0.0
-    summary["ref_norm"] = float(torch.linalg.vector_norm(r)) if r.numel() else 0.0
-    summary["diff_norm"] = float(torch.linalg.vector_norm(diff)) if r.numel() else 0.0
-    summary["max_abs_diff"] = float(diff.max()) if r.numel() else 0.0
+    ref_flat = ref.detach().reshape(-1)
+    cand_flat = cand.detach().to(device=ref.device).reshape(-1)
+    numel = ref_flat.numel()
+    chunk = chunk or CHUNK_ELEMENTS
+    step = max(1, numel // _QUANTILE_SAMPLE)  # the quantile sample: every step-th element of the whole tensor
+    totals = {"nonfinite_mismatch": 0, "ref_nonfinite": 0, "ref_max_abs": 0.0, "ref_sq": 0.0, "diff_sq": 0.0,
+              "max_abs_diff": -1.0, "worst": None}
+    grid = {repr(tol): {"max_ratio": 0.0, "over": 0, "samples": []} for tol in TOLERANCE_GRID}
+    for start in range(0, numel, chunk):
+        r = ref_flat[start:start + chunk].to(torch.float64)
+        c = cand_flat[start:start + chunk].to(torch.float64)
+        ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
+        # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
+        nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
+        totals["nonfinite_mismatch"] += int(((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)).sum())
+        totals["ref_nonfinite"] += int((~ref_finite).sum())
+        both = ref_finite & cand_finite
+        r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
+        diff = (c - r).abs()
+        magnitude = r.abs()
+        totals["ref_max_abs"] = max(totals["ref_max_abs"], float(magnitude.max()))
+        totals["ref_sq"] += float((r * r).sum())
+        totals["diff_sq"] += float((diff * diff).sum())
+        local = int(diff.argmax())
+        if float(diff[local]) > totals["max_abs_diff"]:
+            totals["max_abs_diff"] = float(diff[local])
+            totals["worst"] = (start + local, float(r[local]), float(c[local]))
+        first_sample = (-start) % step
+        for tol in TOLERANCE_GRID:
+            ratio = diff / (tol + tol * magnitude)
+            entry = grid[repr(tol)]
+            entry["max_ratio"] = max(entry["max_ratio"], float(ratio.max()))
+            entry["over"] += int((ratio > 1).sum())
+            if tol in _QUANTILE_TOLERANCES:
+                entry["samples"].append(ratio[first_sample::step].float())
+    summary["nonfinite_mismatch"] = totals["nonfinite_mismatch"]
+    summary["ref_nonfinite"] = totals["ref_nonfinite"]
+    summary["ref_max_abs"] = totals["ref_max_abs"]
+    summary["ref_norm"] = math.sqrt(totals["ref_sq"])
+    summary["diff_norm"] = math.sqrt(totals["diff_sq"])
+    summary["max_abs_diff"] = max(totals["max_abs_diff"], 0.0)
     summary["norm_rel"] = _norm_rel(summary["diff_norm"], summary["ref_norm"])
-    grid = {}
+    summary["grid"] = {}
     for tol in TOLERANCE_GRID:
-        ratio = diff / (tol + tol * magnitude)
-        entry = {"max_ratio": float(ratio.max()) if r.numel() else 0.0,
-                 "frac_over": float((ratio > 1).double().mean()) if r.numel() else 0.0}
+        entry = grid[repr(tol)]
+        out = {"max_ratio": entry["max_ratio"], "frac_over": entry["over"] / numel if numel else 0.0}
         if tol in _QUANTILE_TOLERANCES:
-            entry["q999_ratio"] = _quantile(ratio, 0.999)
-        grid[repr(tol)] = entry
-    summary["grid"] = grid
-    if r.numel():
-        worst = int(diff.reshape(-1).argmax())
-        summary["worst"] = {"index": _unravel(worst, list(ref.shape)), "ref": float(r.reshape(-1)[worst]),
-                            "cand": float(c.reshape(-1)[worst])}
+            out["q999_ratio"] = _quantile(torch.cat(entry["samples"]), 0.999) if entry["samples"] else 0.0
+        summary["grid"][repr(tol)] = out
+    if totals["worst"] is not None:
+        index, ref_value, cand_value = totals["worst"]
+        summary["worst"] = {"index": _unravel(index, list(ref.shape)), "ref": ref_value, "cand": cand_value}
     return summary
 
 
@@ -95,9 +121,10 @@ def _quantile(values, q: float) -> float:
     if flat.numel() == 0:
         return 0.0
     if flat.numel() > _QUANTILE_SAMPLE:
-        step = flat.numel() // _QUANTILE_SAMPLE
-        flat = flat[::step]
-    return float(torch.quantile(flat.float(), q))
+        flat = flat[:: flat.numel() // _QUANTILE_SAMPLE]
+    # kthvalue: torch.quantile refuses inputs above 16M elements and is slower
+    k = max(1, min(flat.numel(), math.ceil(q * flat.numel())))
+    return float(torch.kthvalue(flat.float().cpu(), k).values)
 
 
 def _unravel(index: int, shape: list[int]) -> list[int]:

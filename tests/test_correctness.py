@@ -1,5 +1,6 @@
 """The verified rule is fair to a TF32-accurate candidate and still rejects bf16 downgrades and zeros."""
 
+import pytest
 import torch
 
 from kbverify.correctness import judge_set, summarize
@@ -87,3 +88,22 @@ def test_summaries_keep_the_grid_needed_to_rejudge_at_other_tolerances():
     comparison = summarize(reference, candidate)
     assert judge_set(comparison, None, VERIFIED.with_overrides(atol=1e-2, rtol=1e-2, norm_rtol=1e-2))[0] == "passed"
     assert judge_set(comparison, None, VERIFIED)[0] == "incorrect"
+
+
+def test_chunked_summaries_equal_whole_ones():
+    from kbverify.correctness import _summarize_tensor
+
+    generator = torch.Generator().manual_seed(3)
+    reference = torch.randn(1000, 37, generator=generator)
+    candidate = reference + 1e-3 * torch.randn(1000, 37, generator=generator)
+    reference[5, 5], candidate[5, 5] = float("inf"), float("inf")
+    reference[7, 1], candidate[9, 2] = float("nan"), float("nan")
+    whole = _summarize_tensor(reference, candidate, chunk=reference.numel())
+    chunked = _summarize_tensor(reference, candidate, chunk=997)
+    assert whole["worst"] == chunked["worst"]
+    assert whole["nonfinite_mismatch"] == chunked["nonfinite_mismatch"] == 2
+    for key in ("ref_norm", "diff_norm", "norm_rel", "ref_max_abs", "max_abs_diff"):
+        assert chunked[key] == pytest.approx(whole[key], rel=1e-12)
+    for tol, entry in whole["grid"].items():
+        for key, value in entry.items():
+            assert chunked["grid"][tol][key] == pytest.approx(value, rel=1e-12), (tol, key)
