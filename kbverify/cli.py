@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from kbverify.errors import InfrastructureError, InputError, KbverifyError
+from kbverify.errors import InputError, KbverifyError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="kbverify: is this kernel really correct, and really faster, and how sure are we?")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -154,7 +153,7 @@ def main() -> None:
 
     started = time.time()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        build_s = list(pool.map(prebuild, kernels))
+        list(pool.map(prebuild, kernels))
     print(f"prebuild: {len(kernels)} kernels in {time.time() - started:.0f} s", flush=True)
 
     results = []
@@ -220,6 +219,12 @@ def _row(r: dict) -> str:
 def _summary(results: list[dict]) -> str:
     agree = sum(r["verdicts_agree"] for r in results)
     ratios = [r["kbverify_speedup"] / r["kb_speedup"] for r in results if r["kb_speedup"] and r["kbverify_speedup"]]
+    lines = [f"kernels: {len(results)}; compiled/correct verdicts agree: {agree}/{len(results)}"]
+    if ratios:
+        lines.append(f"speedup kbverify/KernelBench: median {statistics.median(ratios):.3f}, "
+                     f"min {min(ratios):.3f}, max {max(ratios):.3f}, "
+                     f"median |change| {statistics.median(abs(x - 1) for x in ratios):.3f}, "
+                     f"beyond ±30%: {sum(abs(x - 1) > 0.3 for x in ratios)} of {len(ratios)}")
     both = [r for r in results if r.get("kb_process_s") and r.get("kbverify_process_s")]
     if both:
         lines.append(f"wall per kernel kbverify/KernelBench: median "

@@ -241,7 +241,7 @@ def test_resume_after_a_kill(tmp_path):
     fine = _write(tmp_path, "level1/1_Linear", TASKS["level1/13_Linear"])
     pid_file = tmp_path / "child.pid"
     slow = _write(tmp_path, "level1/2_Slow", _task(
-        "self, x: return x", "[torch.rand(4)]", init_inputs=f"_record_pid()",
+        "self, x: return x", "[torch.rand(4)]", init_inputs="_record_pid()",
         constants=f"def _record_pid():\n    import os, time\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))"
                   "\n    time.sleep(60)\n    return []\n"))
     relu = _write(tmp_path, "level1/3_ReLU", TASKS["level1/10_ReLU_rand"])
