@@ -35,8 +35,8 @@ class ModelNew(nn.Module):
         super().__init__()
     def forward(self, a, b):
         first = torch.tanh(a @ b)
-        second = torch.tanh(a @ b)  # the same work again: exactly twice the reference's
-        return (first + second) / 2
+        torch.tanh(a @ b)  # the same work again, thrown away: exactly twice the reference's
+        return first
 """
 
 SAME = """
@@ -66,7 +66,7 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     verdict = _speed(TWICE)
     low, high = verdict.speedup_ci
     assert low <= verdict.speedup <= high
-    assert 0.4 < verdict.speedup < 0.62, verdict.speedup
+    assert 0.45 < verdict.speedup < 0.55, verdict.speedup
     assert verdict.speed_class == "slower"
 
 
