@@ -107,8 +107,9 @@ def _payload(context: _Context, **extra) -> dict:
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
                         env=context.env, keep_dir=context.options.keep_workdirs)
-    log.info("%s child for %s: %.2f s%s", job, context.submission.id, outcome.wall_s,
-             " (timed out)" if outcome.timed_out else "")
+    log.info("%s child for %s: %.2f s", job, context.submission.id, outcome.wall_s)
+    if outcome.timed_out:
+        log.warning("%s child for %s timed out", job, context.submission.id)
     if outcome.result and "infrastructure_error" in outcome.result:
         raise InfrastructureError(f"{job} worker failed: {outcome.result['infrastructure_error']}")
     return outcome
