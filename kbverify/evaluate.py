@@ -139,6 +139,7 @@ def candidate_job(payload: dict) -> dict:
             record["fatal"] = entry["error"]
             break
     record["extensions"] = watch.record()
+    _await_previous_consumed(outdir)  # an output shared over CUDA IPC lives only as long as this process
     record["tampered"] = guards.tampered(snapshot) if guarded else []
     record["threads_started"] = guards.thread_count() - threads_before
     return record
@@ -190,9 +191,10 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
     strange = [type(t).__name__ for t in first if not isinstance(t, torch.Tensor)]
     if strange:
         return {**entry, "error": f"output is not made of tensors: {', '.join(strange)}", "bad_output": True}
-    saved = [t.detach().clone().cpu() for t in first]
+    ipc = _use_cuda_ipc(device)
+    saved = [t.detach().clone() if ipc else t.detach().clone().cpu() for t in first]
     try:
-        entry["published"] = publish_output(outdir, input_set["set_id"], saved)
+        entry["published"] = publish_output(outdir, input_set["set_id"], saved, ipc=ipc)
     except Exception as error:  # noqa: BLE001 - an output that cannot be handed over is the candidate's failure
         return {**entry, "error": "output cannot be handed over: " + short_error(error), "bad_output": True}
     if guarded:
@@ -239,13 +241,61 @@ def _await_previous_consumed(outdir: str) -> bool:
     return True
 
 
-def publish_output(outdir: str, set_id: str, outputs: list) -> bool:
+_IN_FLIGHT: list = []  # the output being handed over by CUDA IPC: kept alive until the judge has copied it
+
+
+def _use_cuda_ipc(device) -> bool:
+    """Opt-in (KBVERIFY_CUDA_IPC=1): share GPU outputs by CUDA IPC handle instead of copying them through a file."""
+    return device.type == "cuda" and os.environ.get("KBVERIFY_CUDA_IPC") == "1"
+
+
+def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False) -> bool:
     if not _await_previous_consumed(outdir):
         return False
+    _IN_FLIGHT.clear()
     tmp = _output_path(outdir, set_id) + ".tmp"
-    torch.save(outputs, tmp)
+    if ipc:
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch import multiprocessing as _registers_reductions  # noqa: F401 - CUDA tensor reducers
+
+        _IN_FLIGHT.extend(outputs)
+        with open(tmp, "wb") as handle:
+            handle.write(_IPC_MAGIC + bytes(ForkingPickler.dumps(outputs)))
+    else:
+        torch.save(outputs, tmp)
     os.replace(tmp, _output_path(outdir, set_id))
     return True
+
+
+_IPC_MAGIC = b"KBV-CUDA-IPC\n"
+
+
+def _load_ipc(path: str) -> list:
+    """Rebuild shared CUDA tensors from a candidate's IPC handles, allowing no other code to run (the file comes
+    from untrusted code), and copy them at once."""
+    import io
+    import pickle
+
+    allowed = {("torch.multiprocessing.reductions", "rebuild_cuda_tensor"), ("torch", "Tensor"), ("torch", "Size"),
+               ("torch", "device"), ("torch.storage", "TypedStorage"), ("torch.storage", "UntypedStorage"),
+               ("torch", "UntypedStorage"), ("torch", "TypedStorage")}
+    dtypes = {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and name in dtypes):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a hand-over")
+
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data.startswith(_IPC_MAGIC):
+        raise ValueError("not an IPC hand-over")
+    shared = Restricted(io.BytesIO(data[len(_IPC_MAGIC):])).load()
+    if not isinstance(shared, list) or not all(type(t) is torch.Tensor for t in shared):
+        raise ValueError("an IPC hand-over holds a list of tensors")
+    return [t.clone() for t in shared]
 
 
 def publish_nothing(outdir: str, set_id: str) -> None:
@@ -259,6 +309,12 @@ def take_output(outdir: str, set_id: str, device):
     while True:
         if os.path.exists(path):
             try:
+                with open(path, "rb") as handle:
+                    ipc = handle.read(len(_IPC_MAGIC)) == _IPC_MAGIC
+                if ipc:
+                    outputs = _load_ipc(path)
+                    torch.cuda.synchronize()
+                    return outputs
                 return torch.load(path, map_location=device, weights_only=True)
             finally:
                 os.remove(path)
