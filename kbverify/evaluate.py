@@ -69,6 +69,47 @@ def _matches(target: torch.nn.Module, state: dict) -> bool:
     return own.keys() == state.keys() and all(own[k].shape == state[k].shape for k in own)
 
 
+class weights_from:
+    """While `cls` is being constructed, every parameter, buffer or submodule its `__init__` assigns takes the
+    values `state` has for it at once, so what `__init__` derives from them afterwards (a pre-transposed copy, a
+    folded bias) is derived from the weights it will be checked with. `load_state_dict` still follows."""
+
+    def __init__(self, state: dict, cls: type):
+        self.state, self.cls = state, cls
+        self._original = None
+
+    def __enter__(self):
+        state, cls = self.state, self.cls
+        original = self._original = torch.nn.Module.__setattr__
+
+        def assign(module, name, value):
+            original(module, name, value)
+            if type(module) is not cls:
+                return
+            if isinstance(value, torch.nn.Module):
+                prefix = name + "."
+                own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+                _copy_matching(value, own)
+            elif isinstance(value, torch.Tensor) and name in state and state[name].shape == value.shape:
+                with torch.no_grad():
+                    value.copy_(state[name])
+
+        torch.nn.Module.__setattr__ = assign
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.Module.__setattr__ = self._original
+        return False
+
+
+def _copy_matching(module: torch.nn.Module, state: dict) -> None:
+    own = module.state_dict()
+    with torch.no_grad():
+        for key, value in state.items():
+            if key in own and own[key].shape == value.shape:
+                own[key].copy_(value)
+
+
 def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool):
     set_seed(weight_seed)
     init_inputs = namespace["get_init_inputs"]()
@@ -151,7 +192,8 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
         reference, init_inputs = build_reference(namespace, input_set["weight_seed"], input_set["weights"],
                                                  torch.device("cpu"), train)
         set_seed(input_set["weight_seed"])
-        candidate = ModelNew(*namespace["get_init_inputs"]())
+        with weights_from(reference.state_dict(), ModelNew):
+            candidate = ModelNew(*namespace["get_init_inputs"]())
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
     state = reference.state_dict()

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kbverify.evaluate import weights_from
+
 from kbverify.status import Status, Warn
 from kbverify.tasks import Task, execute_task, load_task, load_task_dir
 
@@ -281,14 +283,18 @@ def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = Fa
     namespace, model = _instantiate(load_task(task_path))
     candidate_namespace = {"__name__": f"corpus_{submission.stem}"}
     exec(compile(submission.read_text(), str(submission), "exec"), candidate_namespace)  # noqa: S102
-    torch.manual_seed(0)
-    candidate = candidate_namespace["ModelNew"](*namespace["get_init_inputs"]())
     if rerandomize:
         generator = torch.Generator().manual_seed(11)
         with torch.no_grad():
             for tensor in list(model.parameters()) + list(model.buffers()):
                 if tensor.is_floating_point():
                     tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    torch.manual_seed(0)
+    ModelNew = candidate_namespace["ModelNew"]
+    # as the verifier does: the weights reach ModelNew while it is built, so what __init__ derives from them agrees
+    with weights_from(model.state_dict(), ModelNew):
+        candidate = ModelNew(*namespace["get_init_inputs"]())
+    if rerandomize:
         candidate.load_state_dict(model.state_dict())
     inputs = _scaled(_inputs(namespace), factor)
     expected = _forward(model, _clone(inputs))
