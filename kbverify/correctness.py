@@ -195,12 +195,17 @@ def _baseline_part(baseline: dict | None, index: int) -> dict | None:
     return part if "grid" in part else None
 
 
-ALLOWANCE_ONSET = 0.5  # the baseline at half the limit already: reordered honest sums can cross it
+# Measured on the CPU: an honest im2col convolution on the wide-range set erred 2.7× as much as the fp32 reference
+# it was compared with (×1.04 of the element limit against the reference's ×0.385 against float64). Two
+# computations with independent rounding differ by more than either's own error, so a baseline using a quarter of
+# the limit is already close enough to it for an honest kernel to cross.
+ALLOWANCE_ONSET = 0.25
 
 
 def _baseline_near_limit(base: dict, key: str, protocol) -> bool:
-    """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from half the limit on,
-    so an honest kernel summing in another order is not failed where the baseline barely passes."""
+    """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from a quarter of the
+    limit on, so an honest kernel summing in another order is not failed where the baseline barely passes. Below
+    that the allowance (factor × the baseline's error) would not exceed the plain limit anyway."""
     return (base["grid"][key]["max_ratio"] > ALLOWANCE_ONSET
             or base["norm_rel"] > ALLOWANCE_ONSET * protocol.norm_rtol)
 

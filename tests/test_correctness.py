@@ -107,3 +107,21 @@ def test_chunked_summaries_equal_whole_ones():
     for tol, entry in whole["grid"].items():
         for key, value in entry.items():
             assert chunked["grid"][tol][key] == pytest.approx(value, rel=1e-12), (tol, key)
+
+
+def _part(max_ratio: float, norm_rel: float) -> dict:
+    grid = {repr(t): {"max_ratio": max_ratio, "frac_over": 0.0} for t in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)}
+    return {"ref_shape": [4], "cand_shape": [4], "ref_dtype": "torch.float32", "cand_dtype": "torch.float32",
+            "nonfinite_mismatch": 0, "norm_rel": norm_rel, "ref_norm": 1.0, "max_abs_diff": 1.0, "grid": grid}
+
+
+def test_an_honest_reordering_near_a_busy_reference_passes_and_a_sloppy_kernel_does_not():
+    # the case measured on an im2col convolution: the fp32 reference uses 0.385 of the limit against float64
+    reference_error = {"outputs": [_part(0.385, 7e-8)]}
+    honest = {"outputs": [_part(1.04, 8.5e-8)]}
+    outcome, _, allowance = judge_set(honest, None, VERIFIED, reference_error)
+    assert outcome == "passed" and allowance
+    sloppy = {"outputs": [_part(2.0, 8.5e-8)]}  # more than 4x the reference's own error
+    assert judge_set(sloppy, None, VERIFIED, reference_error)[0] == "incorrect"
+    exact_reference = {"outputs": [_part(0.05, 1e-9)]}  # a reference far from the limit grants nothing
+    assert judge_set(honest, None, VERIFIED, exact_reference)[0] == "incorrect"
