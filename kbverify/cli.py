@@ -119,6 +119,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
             timeout: float = typer.Option(900.0, "--timeout", help="seconds per worker process"),
             limit: Optional[int] = typer.Option(None, "--limit", help="only the first N entries"),
+            select: Optional[Path] = typer.Option(None, "--select",
+                                                  help="JSON subset file (kernels: [{level_id, task_id}])"),
             allow_mixed: bool = typer.Option(False, "--allow-mixed"),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
@@ -129,7 +131,7 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
                                samples=samples, report_dir=report_dir, device=_resolve_device(device),
                                hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
-                               allow_mixed=allow_mixed, show_progress=not json_out)
+                               allow_mixed=allow_mixed, show_progress=not json_out, select=select)
     if json_out:
         _emit(summary)
     else:

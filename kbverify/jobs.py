@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -48,10 +49,24 @@ def _progress_printer(show: bool):
     return bar, update
 
 
+def select_entries(entries: list, select: Path) -> list:
+    """The entries a subset file names, in source order. The file is JSON with a `kernels` list of
+    {"level_id", "task_id"} (the shape of a published anchor subset); every named kernel must be in the source."""
+    try:
+        wanted = [(int(k["level_id"]), int(k["task_id"])) for k in json.loads(Path(select).read_text())["kernels"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"{select}: not a subset file (JSON with kernels: [{{level_id, task_id}}]): {error}") from error
+    chosen = [entry for entry in entries if (entry.level, entry.problem_id) in set(wanted)]
+    missing = sorted(set(wanted) - {(entry.level, entry.problem_id) for entry in chosen})
+    if missing:
+        raise InputError(f"{select}: {len(missing)} kernels not in the source, first {missing[:5]}")
+    return chosen
+
+
 def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
-                title: str | None = None) -> dict:
+                title: str | None = None, select: Path | None = None) -> dict:
     from kbverify import present
     from kbverify.importers import load_entries
     from kbverify.rescore import plan_units, rescore
@@ -61,6 +76,8 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     if samples not in ("first", "best"):
         raise InputError("--samples is first or best")
     entries = load_entries(source, fmt=fmt, tasks_dir=tasks)
+    if select is not None:
+        entries = select_entries(entries, select)
     if limit is not None:
         entries = entries[:limit]
     if not entries:

@@ -108,6 +108,8 @@ def eval_job(payload: dict) -> dict:
     timing_trials = int(payload.get("timing_trials", 100))
     warmups = int(payload.get("warmup_calls", 3))
     record: dict = {"compiled": False, "correctness": False, "trials": [], "namespace_rebind": []}
+    if payload.get("baseline_first"):
+        record["baseline"] = _baseline_before_candidate(payload, device)
 
     announce("reference:load")
     context: dict = {}
@@ -214,9 +216,28 @@ def _run_and_check(original_model, custom_model, get_inputs, trials: int, device
     return passes == trials
 
 
-def baseline_job(payload: dict) -> dict:
+def _baseline_before_candidate(payload: dict, device: torch.device) -> dict:
+    """The baseline in the evaluating process, before any candidate code exists in it: what KernelBench's
+    baseline script sees (a fresh process, the reference alone), without a second process and CUDA context.
+    The flags it sets are put back before the candidate's evaluation, which KernelBench runs on defaults.
+    Candidate code shares this process afterwards, as it shares its own timing in KernelBench: this protocol
+    reproduces KernelBench's numbers and is no defence against a submission that forges them."""
+    from kbverify.precision import assert_baseline_flags, tf32_state
+
+    flags = tf32_state()
+    try:
+        return baseline_job(payload, device=device)
+    except BaseException as error:  # noqa: BLE001 - the reference failing is reported, not the candidate's fault
+        return {"error": short_error(error)}
+    finally:
+        assert_baseline_flags(flags)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def baseline_job(payload: dict, device: torch.device | None = None) -> dict:
     """measure_program_time from KernelBench's generate_baseline_time.py: the reference alone, no_grad."""
-    device = device_from(payload)
+    device = device or device_from(payload)
     task = task_from(payload)
     announce("reference:timing")
     _apply_baseline_flags(payload)

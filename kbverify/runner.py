@@ -81,6 +81,7 @@ def build_env(submission: Submission, options: CheckOptions) -> dict:
 def check(task: Task, submission: Submission, protocol: Protocol, options: CheckOptions, *,
           sample: int = 0, claimed_speedup: float | None = None, margin_cache=None) -> Verdict:
     started = time.monotonic()
+    provenance_module.prefetch(options.device)
     context = _Context(task, submission, protocol, options, scan(submission.source),
                        build_env(submission, options))
     if protocol.isolated:
@@ -183,7 +184,7 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
-    evaluation = _run(context, "kernelbench_eval", _payload(context, **common))
+    evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common))
     if evaluation.died:
         status, detail = _died(evaluation, "candidate")
         return _base_verdict(context, status, message=detail,
@@ -200,16 +201,16 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "trials": record.get("trials"), "namespace_rebind": record.get("namespace_rebind")}
     speedup = ref_ms = cand_ms = None
     if status is Status.PASSED and record.get("runtime_ms"):
-        baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
-        if baseline.died or "runtime_ms" not in (baseline.result or {}):
-            status, message = Status.UNVERIFIABLE, "the reference could not be timed: " + _died(baseline, "reference")[1]
+        baseline = record.get("baseline") or {}
+        if "runtime_ms" not in baseline:
+            status, message = Status.UNVERIFIABLE, "the reference could not be timed: " + baseline.get("error", "")
         else:
-            timing["baseline"] = baseline.result
-            ref_ms, cand_ms = baseline.result["runtime_ms"], record["runtime_ms"]
+            timing["baseline"] = baseline
+            ref_ms, cand_ms = baseline["runtime_ms"], record["runtime_ms"]
             speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
             if speedup > EXCESSIVE_SPEEDUP:
                 warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
-            if baseline.result.get("input_shapes") != record.get("input_shapes"):
+            if baseline.get("input_shapes") != record.get("input_shapes"):
                 timing["input_shapes_differ"] = True
     return _base_verdict(context, status, message=message, warnings=tuple(dict.fromkeys(warnings)),
                          speedup=speedup, ref_time_ms=ref_ms, cand_time_ms=cand_ms, timing=timing, build=build,

@@ -2,7 +2,7 @@
 
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
-        [--gpus N]
+        [--gpus N] [--per-gpu K]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
@@ -56,6 +56,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per task")
     parser.add_argument("--fresh", action="store_true", help="ignore OUT_PREFIX.partial.jsonl")
     parser.add_argument("--gpus", type=int, default=1, help="audit on this many GPUs of this host, one task each")
+    parser.add_argument("--per-gpu", type=int, default=1,
+                        help="audits sharing each GPU (the audit checks values, not speed; only its launch-bound "
+                             "timing flag is measured under the others' load, next to a launch floor measured alike)")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: every N-th task from K
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -70,7 +73,8 @@ def main() -> int:
         index, count = (int(part) for part in args.shard.split("/"))
         tasks = tasks[index::count]
     started = time.monotonic()
-    if args.gpus > 1 and not args.shard:
+    sharded = args.gpus * args.per_gpu > 1 and not args.shard  # then every result is in the merged partial file
+    if sharded:
         run_shards(args)
     settings = AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
                              hidden_dirs=tuple(str(d) for d in args.hidden_tests))
@@ -84,7 +88,6 @@ def main() -> int:
         log.info("%d/%d done, %.0f s elapsed, about %.0f min left", done, total, elapsed,
                  rate * (total - done) / 60 if fresh_runs else 0.0)
 
-    sharded = args.gpus > 1 and not args.shard  # then every result is in the merged partial file
     report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
                          out_prefix=args.out_prefix, resume=sharded or not args.fresh, progress=progress,
                          settings=settings,
@@ -99,13 +102,14 @@ def main() -> int:
 
 
 def run_shards(args) -> None:
-    """One copy of this script per GPU, each on every N-th task; their partial files merged into ours."""
+    """`per_gpu` copies of this script per GPU, each on every N-th task; their partial files merged into ours."""
     processes = []
-    for index in range(args.gpus):
-        device = f"cuda:{index}" if args.device.startswith("cuda") else args.device
+    shards = args.gpus * args.per_gpu
+    for index in range(shards):
+        device = f"cuda:{index % args.gpus}" if args.device.startswith("cuda") else args.device
         command = [sys.executable, __file__, str(args.tasks), f"{args.out_prefix}.shard{index}", "--device", device,
                    "--levels", args.levels, "--protocol", args.protocol, "--seeds", str(args.seeds),
-                   "--timeout", str(args.timeout), "--shard", f"{index}/{args.gpus}"]
+                   "--timeout", str(args.timeout), "--shard", f"{index}/{shards}"]
         command += [f"--hidden-tests={d}" for d in args.hidden_tests]
         command += ["--no-hidden"] * args.no_hidden + ["--fresh"] * args.fresh
         processes.append(subprocess.Popen(command))
@@ -114,7 +118,7 @@ def run_shards(args) -> None:
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
     with open(merged, "w" if args.fresh else "a") as out:
-        for index in range(args.gpus):
+        for index in range(shards):
             shard = Path(f"{args.out_prefix}.shard{index}.partial.jsonl")
             if shard.exists():
                 text = shard.read_text()

@@ -30,6 +30,10 @@ import torch
 imported = time.time()
 ref = open(sys.argv[2]).read(); custom = open(sys.argv[3]).read()
 device = torch.device("cuda:0")
+# A real KernelBench eval brings up CUDA inside eval_kernel_against_ref; here the baseline does it first, so its
+# cost is measured on its own and counted with KernelBench's.
+torch.zeros(1, device=device); torch.cuda.synchronize(device=device)
+cuda_ready = time.time()
 # The reference first, in this fresh process before any custom code (so no flag it sets can leak into it):
 # measure_program_time from KernelBench's scripts/generate_baseline_time.py (v0.1), eager, default flags.
 context = {}
@@ -49,7 +53,8 @@ torch.cuda.empty_cache()
 eval_started = time.time()
 result = kb_eval.eval_kernel_against_ref(ref, custom, seed_num=42, num_correct_trials=5, num_perf_trials=100,
                                          measure_performance=True, build_dir=sys.argv[4], device=device)
-out = {"import_s": imported - started, "eval_s": time.time() - eval_started, "baseline": baseline}
+out = {"import_s": imported - started, "cuda_init_s": cuda_ready - imported, "eval_s": time.time() - eval_started,
+       "baseline": baseline}
 if result is None:
     out["retry"] = True
 else:
@@ -112,6 +117,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(".device/parity"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side per kernel, alternating")
+    parser.add_argument("--prebuild-only", action="store_true", help="build every kernel for both sides and stop")
     parser.add_argument("--kb-from", type=int, default=0,
                         help="run KernelBench only from this kernel index on (earlier ones were measured already)")
     args = parser.parse_args()
@@ -123,7 +130,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{repo}:{os.environ.get('PYTHONPATH', '')}",
-           "KBVERIFY_CACHE": str((args.work / "kbverify-cache").resolve())}
+           "KBVERIFY_CACHE": os.environ.get("KBVERIFY_CACHE") or str((args.work / "kbverify-cache").resolve())}
     for kernel in kernels:
         folder = args.work / kernel["id"].replace("/", "_")
         folder.mkdir(parents=True, exist_ok=True)
@@ -155,35 +162,20 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(prebuild, kernels))
     print(f"prebuild: {len(kernels)} kernels in {time.time() - started:.0f} s", flush=True)
+    if args.prebuild_only:
+        return
 
     results = []
     for index, kernel in enumerate(kernels):
         folder = kernel["folder"]
-        order = ["kb", "kbverify"] if index % 2 == 0 else ["kbverify", "kb"]
-        record = {"id": kernel["id"], "claimed": kernel["claimed"], "order": order}
+        pair = ["kb", "kbverify"] if index % 2 == 0 else ["kbverify", "kb"]
+        order = pair * args.repeats
+        record = {"id": kernel["id"], "claimed": kernel["claimed"], "order": order, "kb_runs": [], "kbverify_runs": []}
         for side in order:
-            if side == "kb" and not kernel["run_kb"]:
-                continue
-            if side == "kb":
-                t0 = time.time()
-                run = subprocess.run([sys.executable, "-c", KB_EVAL, str(args.kb.resolve()), str(folder / "ref.py"),
-                                      str(folder / "custom.py"), str(folder / "kb_build"), str(t0)], env=env,
-                                     capture_output=True, text=True, timeout=args.timeout)
-                record["kb"] = _kb_result(run.stdout) or {"error": run.stderr[-500:]}
-                # KernelBench's cost: process start and imports, plus eval_kernel_against_ref (not the baseline)
-                record["kb_process_s"] = record["kb"].get("import_s", 0) + record["kb"].get("eval_s", 0)
-                record["kb_baseline"] = record["kb"].get("baseline", {})
-            else:
-                t0 = time.time()
-                run = subprocess.run([sys.executable, "-m", "kbverify", "check", str(folder / "custom.py"), "--task",
-                                      str(folder / "ref.py"), "--protocol", "original", "--device", "cuda",
-                                      "--json", "--timeout", str(args.timeout)], env=env, capture_output=True,
-                                     text=True, timeout=args.timeout * 3)
-                record["kbverify_process_s"] = time.time() - t0
-                try:
-                    record["kbverify"] = json.loads(run.stdout.strip().splitlines()[-1])["verdicts"]["original"]
-                except (IndexError, json.JSONDecodeError, KeyError):
-                    record["kbverify"] = {"error": (run.stderr or run.stdout)[-800:]}
+            if side == "kb" and kernel["run_kb"]:
+                record["kb_runs"].append(_run_kb(args, env, folder))
+            elif side == "kbverify":
+                record["kbverify_runs"].append(_run_kbverify(args, env, folder))
         record.update(_compare(record))
         results.append(record)
         with open(args.out / "parity.jsonl", "a") as handle:
@@ -192,34 +184,90 @@ def main() -> None:
     print(_summary(results))
 
 
+def _run_kb(args, env: dict, folder: Path) -> dict:
+    t0 = time.time()
+    run = subprocess.run([sys.executable, "-c", KB_EVAL, str(args.kb.resolve()), str(folder / "ref.py"),
+                          str(folder / "custom.py"), str(folder / "kb_build"), str(t0)], env=env,
+                         capture_output=True, text=True, timeout=args.timeout)
+    result = _kb_result(run.stdout) or {"error": run.stderr[-500:]}
+    # KernelBench's cost: process start and imports, CUDA's start, eval_kernel_against_ref (not the baseline)
+    result["process_s"] = sum(result.get(key, 0) for key in ("import_s", "cuda_init_s", "eval_s"))
+    correct = bool(result.get("compiled") and result.get("correctness"))
+    baseline = result.get("baseline") or {}
+    result["speedup"] = (baseline["mean"] / result["runtime"]
+                         if correct and result.get("runtime", -1) > 0 and baseline.get("mean") else None)
+    return result
+
+
+def _run_kbverify(args, env: dict, folder: Path) -> dict:
+    t0 = time.time()
+    run = subprocess.run([sys.executable, "-m", "kbverify", "check", str(folder / "custom.py"), "--task",
+                          str(folder / "ref.py"), "--protocol", "original", "--device", "cuda",
+                          "--json", "--timeout", str(args.timeout), "-v"], env=env, capture_output=True,
+                         text=True, timeout=args.timeout * 3)
+    process_s = time.time() - t0
+    try:
+        verdict = json.loads(run.stdout.strip().splitlines()[-1])["verdicts"]["original"]
+    except (IndexError, json.JSONDecodeError, KeyError):
+        verdict = {"error": (run.stderr or run.stdout)[-800:]}
+    verdict["process_s"] = process_s
+    verdict["log_tail"] = run.stderr[-1500:]
+    return verdict
+
+
+def _spread(values: list[float]) -> float | None:
+    """A side's own run-to-run change on this kernel: (max − min) / min over its repeated runs."""
+    values = [v for v in values if v]
+    return (max(values) - min(values)) / min(values) if len(values) > 1 else None
+
+
 def _compare(record: dict) -> dict:
-    kb, kv = record.get("kb", {}), record.get("kbverify", {})
+    kb_runs, kv_runs = record["kb_runs"], record["kbverify_runs"]
+    kb, kv = (kb_runs[0] if kb_runs else {}), (kv_runs[0] if kv_runs else {})
     kb_correct = bool(kb.get("compiled") and kb.get("correctness"))
     kv_correct = kv.get("status") == "passed"
-    kb_speedup = None
-    if kb_correct and kb.get("runtime", -1) > 0 and record.get("kb_baseline", {}).get("mean"):
-        kb_speedup = record["kb_baseline"]["mean"] / kb["runtime"]
+    kb_speedups = [r["speedup"] for r in kb_runs if r.get("speedup")]
+    kv_speedups = [r["speedup"] for r in kv_runs if r.get("speedup")]
+    kb_speedup = statistics.median(kb_speedups) if kb_speedups else None
+    kv_speedup = statistics.median(kv_speedups) if kv_speedups else None
+    spreads = [x for x in (_spread(kb_speedups), _spread(kv_speedups)) if x is not None]
+    spread = max(spreads) if spreads else None
+    change = abs(kv_speedup / kb_speedup - 1) if kb_speedup and kv_speedup else None
+    kb_cost = statistics.median(r["process_s"] for r in kb_runs) if kb_runs else None
+    kv_cost = statistics.median(r["process_s"] for r in kv_runs) if kv_runs else None
     return {"kb_compiled": bool(kb.get("compiled")), "kb_correct": kb_correct,
             "kbverify_compiled": kv.get("status") not in (None, "compile_error"), "kbverify_correct": kv_correct,
-            "verdicts_agree": kb_correct == kv_correct and bool(kb.get("compiled")) == (kv.get("status") != "compile_error"),
-            "kb_speedup": kb_speedup, "kbverify_speedup": kv.get("speedup"),
-            "cost_ratio": ((record["kbverify_process_s"] / record["kb_process_s"])
-                           if record.get("kb_process_s") and record.get("kbverify_process_s") else None)}
+            "verdicts_agree": all(
+                bool(k.get("compiled") and k.get("correctness")) == kb_correct for k in kb_runs) and all(
+                (v.get("status") == "passed") == kv_correct for v in kv_runs) and kb_correct == kv_correct
+            and bool(kb.get("compiled")) == (kv.get("status") != "compile_error"),
+            "kb_speedup": kb_speedup, "kbverify_speedup": kv_speedup, "speedup_change": change,
+            "measured_spread": spread,
+            "within_spread": (change <= spread) if change is not None and spread is not None else None,
+            "kb_process_s": kb_cost, "kbverify_process_s": kv_cost,
+            "cost_ratio": kv_cost / kb_cost if kb_cost and kv_cost else None}
 
 
 def _row(r: dict) -> str:
-    kv = r.get("kbverify", {})
+    kv = (r.get("kbverify_runs") or [{}])[0]
     build = kv.get("build") or {}
     fmt = lambda x: "-" if x is None else f"{x:.3f}"
     return (f"| {r['id']} | {r['kb_compiled']}/{r['kb_correct']} | {kv.get('status')} | {fmt(r['kb_speedup'])} | "
-            f"{fmt(r['kbverify_speedup'])} | {build.get('native_sources')}/{build.get('extension_built')}/"
-            f"{build.get('extension_called')} | {r.get('kb_process_s', 0):.1f} | {r.get('kbverify_process_s', 0):.1f} |")
+            f"{fmt(r['kbverify_speedup'])} | {fmt(r['speedup_change'])} | {fmt(r['measured_spread'])} | "
+            f"{build.get('native_sources')}/{build.get('extension_built')}/{build.get('extension_called')} | "
+            f"{fmt(r['kb_process_s'])} | {fmt(r['kbverify_process_s'])} |")
 
 
 def _summary(results: list[dict]) -> str:
     agree = sum(r["verdicts_agree"] for r in results)
     ratios = [r["kbverify_speedup"] / r["kb_speedup"] for r in results if r["kb_speedup"] and r["kbverify_speedup"]]
     lines = [f"kernels: {len(results)}; compiled/correct verdicts agree: {agree}/{len(results)}"]
+    judged = [r for r in results if r["within_spread"] is not None]
+    if judged:
+        lines.append(f"speedups within the larger of the two tools' own run-to-run spread: "
+                     f"{sum(r['within_spread'] for r in judged)}/{len(judged)}; median spread "
+                     f"{statistics.median(r['measured_spread'] for r in judged):.3f}, median change "
+                     f"{statistics.median(r['speedup_change'] for r in judged):.3f}")
     if ratios:
         lines.append(f"speedup kbverify/KernelBench: median {statistics.median(ratios):.3f}, "
                      f"min {min(ratios):.3f}, max {max(ratios):.3f}, "

@@ -42,6 +42,12 @@ def gpu_cases(folder: str) -> list[Case]:
 
 HONEST = gpu_cases("honest")
 EXPLOITS = gpu_cases("exploits")
+# PyTorch-level cheats of the CPU corpus whose effect is on timing, and honest kernels beside them: on a GPU the
+# timer, the stream and the baseline's flags are the real ones, so these must hold there as well.
+TIMING_CASES_FROM_CPU_CORPUS = [read_case(REPO / "tests" / "corpus" / path) for path in (
+    "exploits/gelu_call_counting.py", "exploits/baseline_cudnn_disabled.py", "exploits/baseline_tf32_disabled.py",
+    "exploits/tamper_timers.py", "exploits/gemm_relu_bias_id_cache.py", "honest/gelu_erf.py",
+    "honest/conv2d_unfold_gemm.py", "honest/batchnorm_two_pass.py")]
 
 
 def _record(kind: str, case_id: str, protocol: str, verdict: Verdict, expected: str | None = None) -> None:
@@ -77,6 +83,15 @@ def builds() -> dict:
 
 @pytest.mark.parametrize("case", HONEST + EXPLOITS, ids=lambda c: c.id)
 def test_gpu_corpus_verdicts(case: Case, builds: dict) -> None:
+    _check_case(case, builds)
+
+
+@pytest.mark.parametrize("case", TIMING_CASES_FROM_CPU_CORPUS, ids=lambda c: c.id)
+def test_cpu_corpus_timing_cases_on_gpu(case: Case) -> None:
+    _check_case(case, {})
+
+
+def _check_case(case: Case, builds: dict) -> None:
     task, submission = load_task(case.task), load_submission(case.path)
     native = scan(submission.source).native_sources
     if native:
@@ -84,7 +99,8 @@ def test_gpu_corpus_verdicts(case: Case, builds: dict) -> None:
         assert built.get("ok"), f"module level failed to run: {built.get('error', '')[-2000:]}"
     for name, protocol in PROTOCOLS.items():
         verdict = check(task, submission, protocol, OPTIONS)
-        _record(case.path.parent.name, case.id, name, verdict, case.expect.get(name))
+        _record(f"{case.path.parent.parent.name}/{case.path.parent.name}", case.id, name, verdict,
+                case.expect.get(name))
         allowed = case.expect[name].split("|")
         assert verdict.status.value in allowed, f"{name}: {verdict.status.value} ({verdict.message[:600]})"
         for warning in case.warn.get(name, "").split(","):

@@ -9,6 +9,7 @@ import pytest
 
 from kbverify.errors import InputError
 from kbverify.importers import detect_format, load_entries
+from kbverify.jobs import select_entries
 from kbverify.references import is_known_reference, known_versions, normalized_hash
 
 CUDA_L1 = Path("/work/shared/corpora/cuda-l1-h100.jsonl")
@@ -281,3 +282,18 @@ def test_build_reference_hashes_from_a_local_checkout(tmp_path):
     assert versions[normalized_hash(TASK)] == ["main"]
     assert versions[normalized_hash(TASK.replace("dim = 64", "dim = 32"))] == [f"main@{old[:7]}"]
     assert "def forward" not in out.read_text()
+
+
+def test_subset_file_selects_entries_in_source_order(tmp_path, tasks_dir):
+    path = write_jsonl(tmp_path / "h100.jsonl", [
+        cuda_l1_row(19, KERNEL, 3.5), cuda_l1_row(20, KERNEL, 1.0), cuda_l1_row(21, KERNEL, 2.0)])
+    entries = load_entries(path, tasks_dir=tasks_dir)
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps({"kernels": [{"level_id": 1, "task_id": 21}, {"level_id": 1, "task_id": 19}]}))
+    assert [e.entry_id for e in select_entries(entries, subset)] == ["level1/19/s0", "level1/21/s0"]
+    subset.write_text(json.dumps({"kernels": [{"level_id": 1, "task_id": 22}]}))
+    with pytest.raises(InputError, match="not in the source"):
+        select_entries(entries, subset)
+    subset.write_text(json.dumps([1, 2]))
+    with pytest.raises(InputError, match="not a subset file"):
+        select_entries(entries, subset)
