@@ -279,7 +279,8 @@ def _settings_sha256(worker_settings: dict, protocols: list[Protocol], device: s
 def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], device: str,
               timeout_s: float) -> dict:
     payload = {"task_source": task.source, "task_name": task.name, "device": device,
-               "settings": worker_settings, "protocols": [p.to_dict() for p in protocols]}
+               "settings": worker_settings, "protocols": [p.to_dict() for p in protocols],
+               "committed_shapes": _committed_shapes(task, worker_settings)}
     outcome = run_child("audit", payload, timeout_s=timeout_s, device=device)
     line = {"key": task.key, "name": task.name, "level": task.level, "sha256": task.sha256, "path": task.path,
             "wall_s": outcome.wall_s, "raw": None, "error": None}
@@ -294,6 +295,20 @@ def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], devi
     else:
         line["raw"] = outcome.result
     return line
+
+
+def _committed_shapes(task: Task, worker_settings: dict) -> list[dict] | None:
+    """Manifests are read here, by the parent: the worker runs in a directory of its own, where the paths given
+    on the command line (often relative) mean nothing. None: no manifest, the worker generates shapes."""
+    if not worker_settings.get("hidden_shapes"):
+        return None
+    from kbverify import hidden
+
+    for hidden_dir in worker_settings.get("hidden_dirs", []):
+        shapes = hidden.load_manifest(task, hidden_dir)
+        if shapes is not None:
+            return [shape.to_json() for shape in shapes]
+    return None
 
 
 def _provenance(lines: list[dict]) -> dict:

@@ -42,7 +42,7 @@ def audit_job(payload: dict) -> dict:
     if device.type == "cuda":
         record["gpu"] = torch.cuda.get_device_name(device)
     started = time.monotonic()
-    shapes = _shapes(task, settings, record)
+    shapes = _shapes(task, settings, record, payload.get("committed_shapes"))
     record["phase_s"]["hidden_shapes"] = time.monotonic() - started
     nulls = _NullKernels(settings["null_kernels"], protocols)
     for shape, overrides in shapes:
@@ -78,7 +78,7 @@ def _finish(record: dict, nulls: "_NullKernels") -> dict:
     return record
 
 
-def _shapes(task, settings: dict, record: dict) -> list[tuple[str, dict]]:
+def _shapes(task, settings: dict, record: dict, committed: list[dict] | None) -> list[tuple[str, dict]]:
     shapes = [("original", {})]
     if not settings["hidden_shapes"]:
         record["hidden"] = {"origin": "off", "shapes": []}
@@ -90,7 +90,11 @@ def _shapes(task, settings: dict, record: dict) -> list[tuple[str, dict]]:
         return shapes
     announce("audit:hidden_shapes")
     try:
-        found, origin = hidden.shapes_for(task, settings["hidden_dirs"])
+        if committed is not None:
+            found = [hidden.HiddenShape.from_json(shape) for shape in committed]
+            origin = "committed" if found else "none"
+        else:
+            found, origin = hidden.shapes_for(task, [])
     except BaseException as error:  # noqa: BLE001 - hidden shapes are extra evidence, not a precondition
         record["hidden"] = {"origin": "error", "error": short_error(error), "shapes": []}
         return shapes
@@ -521,15 +525,15 @@ def _tensor_stats(t) -> dict:
         return {"type": type(t).__name__}
     stats = {"shape": list(t.shape), "dtype": str(t.dtype), "numel": t.numel()}
     x = _as_float(t)
-    stats["nonfinite"] = int((~torch.isfinite(x)).sum()) if t.numel() else 0
+    stats["nonfinite"] = int(torch.count_nonzero(~torch.isfinite(x))) if t.numel() else 0
     if stats["nonfinite"] or not t.numel():
         return stats
     magnitude = x.abs()
     mean = float(x.mean(dtype=torch.float64))
     stats["max_abs"] = float(magnitude.max())
     stats["mean"] = mean
-    stats["frac_near_zero"] = {repr(a): float((magnitude <= a).sum()) / t.numel() for a in NEAR_ATOLS}
-    stats["frac_near_mean"] = {repr(a): float(((x - mean).abs() <= a).sum()) / t.numel() for a in NEAR_ATOLS}
+    stats["frac_near_zero"] = {repr(a): int(torch.count_nonzero(magnitude <= a)) / t.numel() for a in NEAR_ATOLS}
+    stats["frac_near_mean"] = {repr(a): int(torch.count_nonzero((x - mean).abs() <= a)) / t.numel() for a in NEAR_ATOLS}
     stats["axis_range"] = [float((x.amax(dim=d) - x.amin(dim=d)).max()) if size > 1 else None
                            for d, size in enumerate(t.shape)]
     return stats

@@ -67,27 +67,30 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
         ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
         # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
         nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
-        totals["nonfinite_mismatch"] += int(((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)).sum())
-        totals["ref_nonfinite"] += int((~ref_finite).sum())
+        totals["nonfinite_mismatch"] += int(torch.count_nonzero((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)))
+        totals["ref_nonfinite"] += int(torch.count_nonzero(~ref_finite))
         both = ref_finite & cand_finite
         r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
         diff = (c - r).abs()
         magnitude = r.abs()
         totals["ref_max_abs"] = max(totals["ref_max_abs"], float(magnitude.max()))
-        totals["ref_sq"] += float((r * r).sum())
-        totals["diff_sq"] += float((diff * diff).sum())
+        totals["ref_sq"] += float(torch.dot(r, r))
+        totals["diff_sq"] += float(torch.dot(diff, diff))
         local = int(diff.argmax())
         if float(diff[local]) > totals["max_abs_diff"]:
             totals["max_abs_diff"] = float(diff[local])
             totals["worst"] = (start + local, float(r[local]), float(c[local]))
         first_sample = (-start) % step
+        # diff / (tol + tol·|r|) = (diff / (1 + |r|)) / tol: one division for the whole grid
+        scaled = diff / (1.0 + magnitude)
+        largest = float(scaled.max())
+        sampled = scaled[first_sample::step]
         for tol in TOLERANCE_GRID:
-            ratio = diff / (tol + tol * magnitude)
             entry = grid[repr(tol)]
-            entry["max_ratio"] = max(entry["max_ratio"], float(ratio.max()))
-            entry["over"] += int((ratio > 1).sum())
+            entry["max_ratio"] = max(entry["max_ratio"], largest / tol)
+            entry["over"] += int(torch.count_nonzero(scaled > tol))
             if tol in _QUANTILE_TOLERANCES:
-                entry["samples"].append(ratio[first_sample::step].float())
+                entry["samples"].append((sampled / tol).float())
     summary["nonfinite_mismatch"] = totals["nonfinite_mismatch"]
     summary["ref_nonfinite"] = totals["ref_nonfinite"]
     summary["ref_max_abs"] = totals["ref_max_abs"]

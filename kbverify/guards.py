@@ -73,9 +73,32 @@ def tampered(snapshot: dict[str, int]) -> list[str]:
         except (AttributeError, KeyError):
             changed.append(dotted)
             continue
-        if (hash(repr(current)) if by_value else id(current)) != identity:
+        if by_value:
+            if hash(repr(current)) != identity:
+                changed.append(dotted)
+        elif id(current) != identity and not _torch_rewrapped(current, identity):
             changed.append(dotted)
     return sorted(changed)
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _torch_rewrapped(current, original_id: int) -> bool:
+    """torch wraps some of its own functions when a submodule first loads (importing torch._dynamo, which
+    torch.compile does, replaces torch.manual_seed with a wrapper of it). A replacement is torch's own when
+    every wrapper on the way down to the original was written in torch's installed sources."""
+    function = current
+    for _ in range(8):
+        code = getattr(function, "__code__", None)
+        if code is None or not os.path.abspath(code.co_filename).startswith(_TORCH_DIR):
+            return False
+        function = getattr(function, "__wrapped__", None)
+        if function is None:
+            return False
+        if id(function) == original_id:
+            return True
+    return False
 
 
 def _resolve(dotted: str):
@@ -212,6 +235,6 @@ def torch_namespace_changes(snapshot: dict[str, int]) -> list[str]:
         except AttributeError:
             changed.append(name)
             continue
-        if id(current) != identity:
+        if id(current) != identity and not _torch_rewrapped(current, identity):
             changed.append(name)
     return sorted(changed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import hashlib
 import platform
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ def _collect(device: str, reported: tuple) -> dict:
     info = {
         "kbverify": kbverify.__version__,
         "kbverify_commit": _git_commit(),
+        # The code that ran, whatever git says: a copied checkout can carry a .git that lags its files.
+        "kbverify_source_sha256": source_sha256(),
         "python": platform.python_version(),
         "torch": probe.get("torch"),
         "cuda": probe.get("cuda"),
@@ -100,6 +103,16 @@ def _query_nvidia_smi() -> dict:
     return {"gpu_model": parts[0], "gpu_uuid": parts[1], "driver": parts[2],
             "sm_clock_mhz_at_start": parts[3] if len(parts) > 3 else None,
             "sm_clock_max_mhz": parts[4] if len(parts) > 4 else None}
+
+
+@functools.lru_cache(maxsize=1)
+def source_sha256() -> str:
+    """One hash over the package's Python sources and bundled data, by relative path and content."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.is_file() and p.suffix in (".py", ".json")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _git_commit() -> str | None:

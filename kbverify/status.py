@@ -80,4 +80,5 @@ class Warn(str, enum.Enum):
     THREADS_STARTED = "threads_started"
     STATIC_SUSPICIOUS = "static_suspicious"
     BASELINE_ALLOWANCE_USED = "baseline_allowance_used"
+    REFERENCE_SLOWED = "reference_slowed_beside_candidate"  # speedup taken against the clean reference time
     NO_VALID_INPUT_SETS = "no_valid_input_sets"

@@ -291,3 +291,15 @@ def test_resume_after_a_kill(tmp_path):
                         settings=AuditSettings(hidden_shapes=False, timeout_s=120))
     assert all(a.resumed for a in again.tasks)
     assert [a.flags for a in again.tasks] == [a.flags for a in report.tasks]
+
+
+def test_committed_manifest_found_through_a_relative_path(monkeypatch):
+    """The worker runs in a directory of its own: a relative --hidden-tests path must still reach the manifest."""
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(repo)
+    task = load_task(repo / "tasks" / "basic" / "level1" / "1_ReLU.py")
+    settings = AuditSettings(seeds=1, hidden_dirs=("hidden_tests/tasks",), null_kernels=("zeros",))
+    report = audit_tasks([task], protocols=[ORIGINAL], settings=settings)
+    assert report.tasks[0].hidden_shapes == "committed"
+    manifest = json.loads((repo / "hidden_tests" / "tasks" / "basic" / "level1" / "1_ReLU.json").read_text())
+    assert manifest["sha256"] == task.sha256 and manifest["shapes"]

@@ -36,3 +36,12 @@ def test_corpus_verdicts(case):
         if not verdict.correct and verdict.sets:
             assert verdict.reproducer.get("set") or verdict.status.value.startswith("exploit:") \
                 or verdict.status.value in ("compile_error", "timeout", "crashed")
+
+
+def test_no_fewer_honest_submissions_than_exploits():
+    """A guard is only as good as the honest kernels it lets through: the corpus keeps at least one of those for
+    every cheat, and every exploit is expected to pass `original` (else it exploits nothing)."""
+    honest, exploits = all_cases("honest"), all_cases("exploits")
+    assert len(honest) >= len(exploits), (len(honest), len(exploits))
+    assert all(case.expect["verified"] == "passed" for case in honest)
+    assert all(case.expect["original"] == "passed" for case in exploits)

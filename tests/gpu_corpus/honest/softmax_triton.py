@@ -1,6 +1,6 @@
 # kbverify-test: task=tasks/gpu/level1/5_Softmax_256x4096.py
-# expect: original=passed verified=passed
-# why: an honest Triton row softmax (one program per row, masked loads for any row length, max-subtracted)
+# expect: original=compile_error verified=passed
+# why: an honest Triton row softmax (one program per row, masked loads for any row length, max-subtracted); KernelBench v0.1 exec()s a submission from a string, and Triton's @jit needs a source file, so the original protocol fails to load it (measured on the H200, 2026-11-29) as KernelBench itself does
 import torch
 import torch.nn as nn
 import triton

@@ -1,0 +1,52 @@
+"""Timing decisions made from raw GPU records (no GPU needed): a reference that ran slower beside the candidate
+than in a clean process gives the speedup against the clean time, never an inflated one, and is no exploit by
+itself; the unsynchronised-work rule compares the candidate's idle gap with the reference's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kbverify.protocols import VERIFIED
+from kbverify.records import Verdict
+from kbverify.runner import decide_timing
+from kbverify.status import Status, Warn
+
+
+def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"ref_ms": [ref_ms * (1 + rng.uniform(-0.01, 0.01)) for _ in range(5)],
+             "cand_ms": [cand_ms * (1 + rng.uniform(-0.01, 0.01)) for _ in range(5)]} for _ in range(n)]
+
+
+def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None) -> Verdict:
+    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": {"checked": 29},
+                   "gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
+    clean = {"rounds": _rounds(clean_ms, clean_ms, seed=1)} if clean_ms else None
+    return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
+                   protocol="verified", protocol_sha256="0", status=Status.PASSED,
+                   timing={"interleaved": interleaved, "clean_reference": clean, "noise_margin": 0.02,
+                           "device": "cuda:0"})
+
+
+def test_slowed_reference_gives_the_speedup_against_the_clean_time():
+    decided = decide_timing(_verdict(ref_beside_ms=0.27, clean_ms=0.16, cand_ms=0.10), VERIFIED)
+    assert decided.status is Status.PASSED
+    assert Warn.REFERENCE_SLOWED.value in decided.warnings
+    assert decided.speedup == pytest.approx(1.6, rel=0.02)  # not 2.7
+    assert decided.speedup_ci[0] <= decided.speedup <= decided.speedup_ci[1] < 1.7
+    assert decided.ref_time_ms == pytest.approx(0.16, rel=0.02)
+
+
+def test_reference_within_noise_of_the_clean_one_keeps_the_paired_estimate():
+    decided = decide_timing(_verdict(ref_beside_ms=0.165, clean_ms=0.16, cand_ms=0.10), VERIFIED)
+    assert Warn.REFERENCE_SLOWED.value not in decided.warnings
+    assert decided.speedup == pytest.approx(1.65, rel=0.02)
+
+
+def test_unsynchronized_work_needs_a_gap_beyond_the_references():
+    same = decide_timing(_verdict(0.16, 0.16, 0.10, gaps={"ref": [0.09] * 30, "cand": [0.095] * 30}), VERIFIED)
+    assert same.status is Status.PASSED
+    late = decide_timing(_verdict(0.16, 0.16, 0.10, gaps={"ref": [0.01] * 30, "cand": [0.5] * 30}), VERIFIED)
+    assert late.status is Status.EXPLOIT_UNSYNCHRONIZED
