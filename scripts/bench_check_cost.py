@@ -85,7 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="override the protocol's timing budget")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="read a finished `rescore -v` instead of running checks: its store ...")
+    parser.add_argument("--rescore-log", type=Path, action="append", default=[],
+                        help="... and the stderr of each of its calls (repeatable)")
     args = parser.parse_args(argv)
+    if args.store:
+        return from_rescore(args.store, args.rescore_log, args.protocol)
 
     pair_paths = args.pair or corpus_pairs(args.corpus)
     if not pair_paths:
@@ -133,6 +139,43 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"protocol": protocol.name, "device": args.device, "build_s": build_s,
                                          "rows": rows}, indent=1))
         print(f"wrote {args.json}")
+    return 0
+
+
+_LOGGED_CHILD = re.compile(r"kbverify\.runner: (\w+) child for (\S+): ([\d.]+) s")
+
+
+def from_rescore(store_path: Path, logs: list[Path], protocol: str) -> int:
+    """The same table from a finished re-score: each verdict's wall time (builds were made before it) and the
+    workers its protocol ran, from the runner's log lines. A resumed unit's workers appear in the log of the call
+    that evaluated it; `kernelbench_*` workers belong to `original`, the others to the isolated protocols."""
+    from kbverify.store import Store
+
+    with Store(store_path) as store:
+        verdicts = [v for _, v in store.verdicts() if v.protocol == protocol]
+    phases: dict[str, dict[str, float]] = {}
+    for log_path in logs:
+        for line in log_path.read_text().splitlines():
+            match = _LOGGED_CHILD.search(line)
+            if not match:
+                continue
+            job, submission_id, seconds = match[1], match[2], float(match[3])
+            if job.startswith("kernelbench") != (protocol == "original"):
+                continue
+            phases.setdefault(submission_id, {})
+            phases[submission_id][job] = phases[submission_id].get(job, 0.0) + seconds
+    rows = []
+    for verdict in verdicts:
+        jobs = phases.get(verdict.submission, {})
+        rows.append({"task": verdict.task_name, "submission": verdict.submission, "status": verdict.status.value,
+                     "wall_s": verdict.elapsed_s, "phases_s": jobs, "other_s": verdict.elapsed_s - sum(jobs.values()),
+                     "sets": len(verdict.sets), "speedup": verdict.speedup})
+    if not rows:
+        print(f"{store_path}: no {protocol} verdicts")
+        return 1
+    print(f"{len(rows)} {protocol} verdicts from {store_path} (candidate and judge run side by side, so their "
+          "sum exceeds the wall time and 'other' can be negative)")
+    print_table(rows)
     return 0
 
 
