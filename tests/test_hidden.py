@@ -403,3 +403,17 @@ def test_generate_command_mirrors_folders_and_counts(tmp_path, capsys, caplog):
         "level1/3_GroupNorm.json", "level2/1_ConvBias.json", "level2/2_NoConstants.json"]
     assert capsys.readouterr().out == ""
     assert any("[3/3]" in record.getMessage() for record in caplog.records)
+
+
+def test_manifest_found_by_content_under_another_name(tmp_path):
+    """A published run names its tasks its own way ("19_level1"); the committed manifest of the same source applies,
+    a source that differs by one character does not."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    original = load_task(repo / "tasks" / "basic" / "level1" / "1_ReLU.py")
+    renamed = parse_task(original.source, name="1_level1", level=1, problem_id=1)
+    shapes = hidden.load_manifest(renamed, repo / "hidden_tests" / "tasks")
+    assert shapes is not None and shapes == hidden.load_manifest(original, repo / "hidden_tests" / "tasks")
+    edited = parse_task(original.source.replace("dim = 512", "dim = 513"), name="1_level1", level=1, problem_id=1)
+    assert hidden.load_manifest(edited, repo / "hidden_tests" / "tasks") is None
