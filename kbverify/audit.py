@@ -305,7 +305,11 @@ def _committed_shapes(task: Task, worker_settings: dict) -> list[dict] | None:
     from kbverify import hidden
 
     for hidden_dir in worker_settings.get("hidden_dirs", []):
-        shapes = hidden.load_manifest(task, hidden_dir)
+        try:
+            shapes = hidden.load_manifest(task, hidden_dir)
+        except InputError as error:  # one broken manifest must not stop an audit of 250 tasks
+            log.warning("%s: %s; its hidden shapes are generated instead", task.name, error)
+            return None
         if shapes is not None:
             return [shape.to_json() for shape in shapes]
     return None

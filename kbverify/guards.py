@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import types
 
 import torch
 
@@ -44,28 +45,29 @@ _SENSITIVE = {
 }
 
 
-def snapshot_sensitive() -> dict[str, int]:
-    """Identities of the functions we rely on, captured before the submission is imported."""
-    snapshot = {}
+def snapshot_sensitive() -> dict[str, object]:
+    """The functions we rely on, captured before the submission is imported. The objects themselves are kept (not
+    their ids, which a freed object's replacement could reuse) and compared with `is`."""
+    snapshot: dict[str, object] = {}
     for name, get in _SENSITIVE.items():
         try:
-            snapshot[name] = id(get())
+            snapshot[name] = get()
         except AttributeError:
             continue
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("kbverify.") and module is not None:
             for attr, value in vars(module).items():
                 if callable(value) and getattr(value, "__module__", "") == module_name:
-                    snapshot[f"{module_name}.{attr}"] = id(value)
+                    snapshot[f"{module_name}.{attr}"] = value
                 elif isinstance(value, (int, float, str, bytes, tuple, frozenset)) and not attr.startswith("__"):
                     # thresholds and limits are data a submission could rewrite: keep their values
                     snapshot[f"value:{module_name}.{attr}"] = hash(repr(value))
     return snapshot
 
 
-def tampered(snapshot: dict[str, int]) -> list[str]:
+def tampered(snapshot: dict[str, object]) -> list[str]:
     changed = []
-    for name, identity in snapshot.items():
+    for name, original in snapshot.items():
         by_value = name.startswith("value:")
         dotted = name[len("value:"):] if by_value else name
         try:
@@ -74,36 +76,63 @@ def tampered(snapshot: dict[str, int]) -> list[str]:
             changed.append(dotted)
             continue
         if by_value:
-            if hash(repr(current)) != identity:
+            if hash(repr(current)) != original:
                 changed.append(dotted)
-        elif id(current) != identity and not _torch_rewrapped(current, identity):
+        elif current is not original and not _dynamo_seed_wrapper(dotted, current, original):
             changed.append(dotted)
     return sorted(changed)
-
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-
-
-def _torch_rewrapped(current, original_id: int) -> bool:
-    """torch wraps some of its own functions when a submodule first loads (importing torch._dynamo, which
-    torch.compile does, replaces torch.manual_seed with a wrapper of it). A replacement is torch's own when
-    every wrapper on the way down to the original was written in torch's installed sources."""
-    function = current
-    for _ in range(8):
-        code = getattr(function, "__code__", None)
-        if code is None or not os.path.abspath(code.co_filename).startswith(_TORCH_DIR):
-            return False
-        function = getattr(function, "__wrapped__", None)
-        if function is None:
-            return False
-        if id(function) == original_id:
-            return True
-    return False
 
 
 def _resolve(dotted: str):
     module_name, _, attr = dotted.rpartition(".")
     return getattr(sys.modules[module_name], attr)
+
+
+def _inner_code_of_disable_dynamo():
+    try:
+        from torch._compile import _disable_dynamo
+    except ImportError:
+        return None
+    codes = [c for c in _disable_dynamo.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == "inner"]
+    return codes[0] if len(codes) == 1 else None
+
+
+# Taken when this module loads, before any submission: code objects cannot be changed afterwards.
+_DISABLE_DYNAMO_INNER = _inner_code_of_disable_dynamo()
+
+
+def _dynamo_seed_wrapper(name: str, current, original) -> bool:
+    """Importing torch._dynamo (torch.compile does) runs `torch.manual_seed = torch._disable_dynamo(torch.manual_seed)`.
+    That one replacement is accepted, and only as torch makes it: a plain function running torch's own `inner` code
+    on the original itself, with no `__dynamo_disable` redirection planted on the original (torch caches one
+    there when the wrapper is first called; the harness seeds through captured generators and never calls it)."""
+    if name not in ("torch.manual_seed",) or _DISABLE_DYNAMO_INNER is None:
+        return False
+    if type(current) is not types.FunctionType or current.__code__ is not _DISABLE_DYNAMO_INNER:
+        return False
+    cells = dict(zip(current.__code__.co_freevars, current.__closure__ or ()))
+    try:
+        wrapped = cells["fn"].cell_contents
+    except (KeyError, ValueError):
+        return False
+    planted = type(original) is types.FunctionType and "__dynamo_disable" in original.__dict__
+    return wrapped is original and not planted
+
+
+# Captured before any submission: the depth of torch's mode stacks.
+_FUNCTION_MODE_DEPTH = torch._C._len_torch_function_stack
+_DISPATCH_MODE_DEPTH = torch._C._len_torch_dispatch_stack
+_MODE_NAMES = ("torch_function_mode", "torch_dispatch_mode")
+
+
+def mode_depths() -> tuple[int, int]:
+    return _FUNCTION_MODE_DEPTH(), _DISPATCH_MODE_DEPTH()
+
+
+def modes_left_active(before: tuple[int, int]) -> list[str]:
+    """A TorchFunctionMode or TorchDispatchMode the submission entered and left entered intercepts every torch
+    call the harness makes next: its projections of the output, its comparisons, the reference itself."""
+    return [name for name, depth, now in zip(_MODE_NAMES, before, mode_depths()) if now > depth]
 
 
 def thread_count() -> int:
@@ -200,7 +229,7 @@ def outputs_agree(first: list, second: list, *, tol: float = 1e-4) -> tuple[bool
     return True, ""
 
 
-def snapshot_torch_namespace() -> dict[str, int]:
+def snapshot_torch_namespace() -> dict[str, object]:
     """Identities of the torch functions a reference calls; a submission that swaps one sabotages the baseline."""
     import torch.nn.functional as F
 
@@ -215,19 +244,19 @@ def snapshot_torch_namespace() -> dict[str, int]:
             except AttributeError:
                 continue
             if callable(value) or isinstance(value, (classmethod, staticmethod)):
-                snapshot[f"{prefix}.{attr}"] = id(value)
+                snapshot[f"{prefix}.{attr}"] = value
     for name, cls in (("torch.nn.Conv2d.forward", torch.nn.Conv2d), ("torch.nn.Linear.forward", torch.nn.Linear)):
-        snapshot[name] = id(inspect.getattr_static(cls, "forward"))
+        snapshot[name] = inspect.getattr_static(cls, "forward")
     return snapshot
 
 
-def torch_namespace_changes(snapshot: dict[str, int]) -> list[str]:
+def torch_namespace_changes(snapshot: dict[str, object]) -> list[str]:
     import torch.nn.functional as F
 
     owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module,
               "torch.nn.Conv2d": torch.nn.Conv2d, "torch.nn.Linear": torch.nn.Linear}
     changed = []
-    for name, identity in snapshot.items():
+    for name, original in snapshot.items():
         prefix, _, attr = name.rpartition(".")
         owner = owners.get(prefix)
         try:
@@ -235,6 +264,6 @@ def torch_namespace_changes(snapshot: dict[str, int]) -> list[str]:
         except AttributeError:
             changed.append(name)
             continue
-        if id(current) != identity and not _torch_rewrapped(current, identity):
+        if current is not original and not _dynamo_seed_wrapper(name, current, original):
             changed.append(name)
     return sorted(changed)

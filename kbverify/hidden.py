@@ -601,9 +601,14 @@ def load_manifest(task: Task, hidden_dir: str | Path) -> list[HiddenShape] | Non
         return None
     # By content first: a published run names its tasks its own way ("9_level1"), but its reference source is
     # the file the manifest was made from, byte for byte.
-    for path in _manifests_by_sha256(str(hidden_dir.resolve())).get(task.sha256, ()):
-        return _shapes_of(Path(path), _read_manifest(Path(path)))
-    for path in sorted(hidden_dir.rglob("*.json")):
+    files = sorted(hidden_dir.rglob("*.json"))
+    signature = tuple((str(path), path.stat().st_mtime_ns) for path in files)
+    candidates = _manifests_by_sha256(signature).get(task.sha256, ())
+    for path in sorted(candidates, key=lambda found: Path(found).stem != task.name):  # its own name first
+        data = _read_manifest(Path(path))
+        if data.get("sha256") == task.sha256:
+            return _shapes_of(Path(path), data)
+    for path in files:
         if path.stem != task.name:
             continue
         data = _read_manifest(path)
@@ -620,15 +625,18 @@ def _shapes_of(path: Path, data: dict) -> list[HiddenShape]:
 
 
 @lru_cache(maxsize=16)
-def _manifests_by_sha256(hidden_dir: str) -> dict[str, tuple[str, ...]]:
+def _manifests_by_sha256(files: tuple[tuple[str, int], ...]) -> dict[str, tuple[str, ...]]:
+    """Content hash → manifest files, for the files as they are now (path and modification time key the cache).
+    Only real manifests count: a task name, a rule, a hash and a list of shapes."""
     index: dict[str, list[str]] = {}
-    for path in sorted(Path(hidden_dir).rglob("*.json")):
+    for path, _ in files:
         try:
-            data = _read_manifest(path)
+            data = _read_manifest(Path(path))
         except InputError:
             continue  # named in the error when a lookup by name reaches it
-        if isinstance(data.get("sha256"), str):
-            index.setdefault(data["sha256"], []).append(str(path))
+        if (isinstance(data.get("sha256"), str) and isinstance(data.get("task"), str) and "rule" in data
+                and isinstance(data.get("shapes"), list)):
+            index.setdefault(data["sha256"], []).append(path)
     return {sha: tuple(paths) for sha, paths in index.items()}
 
 

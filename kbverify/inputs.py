@@ -80,7 +80,9 @@ def draw_inputs(namespace: dict, seed: int, device) -> list:
     """One draw of get_inputs(), made on the device (torch factories follow the default device)."""
     import torch
 
-    torch.manual_seed(seed)
+    from kbverify.worker import set_seed  # workers only: the parent never draws inputs
+
+    set_seed(seed)
     with torch.device(device):
         raw = namespace["get_inputs"]()
     return [value.to(device) if isinstance(value, torch.Tensor) else value for value in raw]

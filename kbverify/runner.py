@@ -141,7 +141,9 @@ def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
                                   f"{(outcome.output_tail or outcome.output_head).strip()[-300:]}")
     where = outcome.last_phase or "start-up"
     if outcome.timed_out:
-        status = Status.TIMEOUT if where.startswith("candidate") or party == "candidate" else Status.UNVERIFIABLE
+        # the reference's own phases are never the candidate's fault, even in the candidate's worker
+        blamed = where.startswith("candidate") or (party == "candidate" and not where.startswith("reference"))
+        status = Status.TIMEOUT if blamed else Status.UNVERIFIABLE
         return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
     detail = f"{party} process died during {where} (exit code {outcome.exit_code})"
     tail = (outcome.output_tail or outcome.output_head).strip().splitlines()[-3:]
@@ -597,7 +599,7 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if record.get("n_unsettled"):
         return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
                 "returned (work still running when the end event was recorded)", warnings)
-    gaps = record.get("gaps_ms") or {}
+    gaps = _unexplained_gaps(record)
     if on_gpu and gaps.get("cand") and gaps.get("ref"):
         excess = _median(gaps["cand"]) - _median(gaps["ref"])
         if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
@@ -613,6 +615,17 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
             return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
                     f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
     return Status.PASSED, "", warnings
+
+
+def _unexplained_gaps(record: dict) -> dict[str, list[float]]:
+    """Per call, how long the device stayed busy after the end event beyond the harness's own projection of the
+    output (measured again on the settled output). Records made before the projection was timed give the gaps."""
+    gaps, projections = record.get("gaps_ms") or {}, record.get("projection_ms") or {}
+    out = {}
+    for side, values in gaps.items():
+        costs = projections.get(side) or []
+        out[side] = [gap - cost for gap, cost in zip(values, costs)] if len(costs) == len(values) else list(values)
+    return out
 
 
 def _median(values: list[float]) -> float:

@@ -38,9 +38,11 @@ class _Side:
         self.secret, self.grad = secret, grad
         self.times_ms: list[list[float]] = []
         self.gaps_ms: list[float] = []
+        self.projection_ms: list[float] = []
         self.calls: list[dict] = []
         self.previous_inputs: list | None = None
         self.threads_started = 0
+        self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
         self.kept: dict[int, list] = {}  # call index → its projections: a uniform reservoir plus the last calls
         self._seen = 0
 
@@ -130,27 +132,34 @@ def _timed_call(side: _Side, inputs: list, device, flush, projector, before_call
         before_call()
     set_seed(derive_seed(side.secret, "rng", len(side.calls)))
     threads = guards.thread_count()
+    modes = guards.mode_depths()
     with torch.set_grad_enabled(side.grad):
         if device.type == "cuda":
-            start, end, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+            start, end, after_sync, settled_start, settled_end = (torch.cuda.Event(enable_timing=True)
+                                                                  for _ in range(5))
             start.record()
             out = side.model(*inputs)
             end.record()
             early = projector(flatten_outputs(out))
-            projected.record()
             torch.cuda.synchronize(device)
             after_sync.record()
             after_sync.synchronize()
             elapsed = start.elapsed_time(end)
-            # From the projection's end, not the call's: reading a non-contiguous output costs the projection a
-            # copy that a contiguous reference output does not, and that is no work of the candidate's.
-            side.gaps_ms.append(projected.elapsed_time(after_sync))
+            side.gaps_ms.append(end.elapsed_time(after_sync))
+            # The projection's own cost, on the settled output: a non-contiguous output makes it copy, which is
+            # no work of the candidate's; whatever else kept the device busy after the end event is.
+            settled_start.record()
+            projector(flatten_outputs(out))
+            settled_end.record()
+            settled_end.synchronize()
+            side.projection_ms.append(settled_start.elapsed_time(settled_end))
         else:
             started = time.perf_counter_ns()
             out = side.model(*inputs)
             elapsed = (time.perf_counter_ns() - started) / 1e6
             early = projector(flatten_outputs(out))
     side.threads_started = max(side.threads_started, guards.thread_count() - threads)
+    side.modes_left.update(guards.modes_left_active(modes))
     return max(elapsed, EVENT_FLOOR_MS), out, early
 
 
@@ -175,6 +184,7 @@ def timing_job(payload: dict) -> dict:
     flags = tf32_state()
     sensitive = guards.snapshot_sensitive()
     torch_functions = guards.snapshot_torch_namespace()
+    modes_at_load = guards.mode_depths()
     weight_seed = derive_seed(secret, "timing-weights")
     reference, _ = build_reference(namespace, weight_seed, "default", device, train)
 
@@ -261,12 +271,14 @@ def timing_job(payload: dict) -> dict:
         record["error"] = short_error(error)
         record["error_side"] = "reference" if _last_phase_is_reference() else "candidate"
     record["gaps_ms"] = {name: side.gaps_ms for name, side in sides.items()}
+    record["projection_ms"] = {name: side.projection_ms for name, side in sides.items()}
     record["threads_started"] = {name: side.threads_started for name, side in sides.items()}
     record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
     record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
     record["flags_changed"] = flag_changes
     record["baseline_flags"] = flags
-    record["tampered"] = guards.tampered(sensitive)
+    modes_left = set(guards.modes_left_active(modes_at_load)).union(*(side.modes_left for side in sides.values()))
+    record["tampered"] = guards.tampered(sensitive) + sorted(modes_left)
     record["torch_functions_changed"] = sorted(set(record["torch_functions_changed"])
                                                | set(guards.torch_namespace_changes(torch_functions)))
     record["extensions"] = watch.record() if watch else None
@@ -305,6 +317,7 @@ def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> No
             break
     for side in sides.values():
         side.gaps_ms.clear()
+        side.projection_ms.clear()
         side.previous_inputs = None
 
 

@@ -68,11 +68,19 @@ def device_from(payload: dict) -> torch.device:
     return torch.device("cpu")
 
 
+# Taken when the worker module loads (in the forkserver, before any submission): a submission that rebinds
+# torch.manual_seed, torch.default_generator or torch.cuda.manual_seed_all cannot steer the harness's seeds.
+_CPU_GENERATOR = torch.default_generator
+_CUDA_SEED_ALL = torch.cuda.manual_seed_all
+_CUDA_AVAILABLE = torch.cuda.is_available
+
+
 def set_seed(seed: int) -> None:
-    """torch.manual_seed's effect (CPU and every CUDA generator) without its per-call wrapper overhead."""
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():
-        torch.cuda.manual_seed_all(seed)
+    """torch.manual_seed's effect (CPU and every CUDA generator) through generators captured before any
+    submission ran, and without torch.manual_seed's per-call wrapper overhead."""
+    _CPU_GENERATOR.manual_seed(seed)
+    if _CUDA_AVAILABLE():
+        _CUDA_SEED_ALL(seed)  # queued by torch until CUDA starts, as torch.manual_seed does
 
 
 def synchronize(device: torch.device) -> None:

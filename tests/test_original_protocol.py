@@ -64,3 +64,16 @@ def test_a_reference_that_cannot_be_timed_leaves_the_speedup_unverifiable():
     assert verdict.status is Status.UNVERIFIABLE, verdict.status
     assert "the reference could not be timed" in verdict.message and "the reference broke" in verdict.message
     assert verdict.speedup is None
+
+
+def test_a_timeout_while_the_reference_is_timed_is_not_the_candidates():
+    from kbverify.runner import _died
+    from kbverify.sandbox import ChildOutcome
+
+    def timed_out(phase):
+        return ChildOutcome(result=None, exit_code=None, timed_out=True, last_phase=phase, output_head="",
+                            output_tail="", output_bytes=0, wall_s=300.0)
+
+    assert _died(timed_out("reference:timing"), "candidate")[0] is Status.UNVERIFIABLE
+    assert _died(timed_out("candidate:timing"), "candidate")[0] is Status.TIMEOUT
+    assert _died(timed_out("candidate:load"), "reference")[0] is Status.TIMEOUT
