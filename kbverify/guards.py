@@ -49,20 +49,43 @@ def snapshot_sensitive() -> dict[str, object]:
     """The functions we rely on, captured before the submission is imported. The objects themselves are kept (not
     their ids, which a freed object's replacement could reuse) and compared with `is`."""
     snapshot: dict[str, object] = {}
-    for name, get in _SENSITIVE.items():
+    for name in _SENSITIVE:
         try:
-            snapshot[name] = get()
+            snapshot[name] = _parts(_resolve(name))
         except AttributeError:
             continue
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("kbverify.") and module is not None:
             for attr, value in vars(module).items():
-                if callable(value) and getattr(value, "__module__", "") == module_name:
-                    snapshot[f"{module_name}.{attr}"] = value
-                elif isinstance(value, (int, float, str, bytes, tuple, frozenset)) and not attr.startswith("__"):
+                if isinstance(value, (int, float, str, bytes, tuple, frozenset)) and not attr.startswith("__"):
                     # thresholds and limits are data a submission could rewrite: keep their values
                     snapshot[f"value:{module_name}.{attr}"] = hash(repr(value))
+                elif not attr.startswith("__"):
+                    # every other global by identity (imported functions, modules, captured generators, code
+                    # objects), Python functions with their code, defaults and cells, classes with their dicts
+                    snapshot[f"{module_name}.{attr}"] = _parts(value)
+                    if isinstance(value, type) and value.__module__ == module_name:
+                        for key, member in vars(value).items():
+                            snapshot[f"{module_name}.{attr}.{key}"] = _parts(member)
+    snapshot["sys.profile"] = (sys.getprofile(), sys.gettrace())
     return snapshot
+
+
+def _parts(obj) -> tuple:
+    """What a Python function runs with, besides its identity: all of it is writable in place."""
+    if type(obj) is not types.FunctionType:
+        return (obj,)
+    cells = []
+    for cell in obj.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:
+            cells.append(None)
+    return (obj, obj.__code__, obj.__defaults__, obj.__kwdefaults__, type(obj.__dict__), *obj.__dict__.values(), *cells)
+
+
+def _same(current, original) -> bool:
+    return len(current) == len(original) and all(a is b for a, b in zip(current, original))
 
 
 def tampered(snapshot: dict[str, object]) -> list[str]:
@@ -70,22 +93,35 @@ def tampered(snapshot: dict[str, object]) -> list[str]:
     for name, original in snapshot.items():
         by_value = name.startswith("value:")
         dotted = name[len("value:"):] if by_value else name
+        if dotted == "sys.profile":
+            if (sys.getprofile(), sys.gettrace()) != original:
+                changed.append(dotted)
+            continue
         try:
-            current = _SENSITIVE[dotted]() if dotted in _SENSITIVE else _resolve(dotted)
+            current = _resolve(dotted)
         except (AttributeError, KeyError):
             changed.append(dotted)
             continue
         if by_value:
             if hash(repr(current)) != original:
                 changed.append(dotted)
-        elif current is not original and not _dynamo_seed_wrapper(dotted, current, original):
+        elif not _same(_parts(current), original) and not _dynamo_seed_wrapper(dotted, current, original[0]):
             changed.append(dotted)
     return sorted(changed)
 
 
 def _resolve(dotted: str):
-    module_name, _, attr = dotted.rpartition(".")
-    return getattr(sys.modules[module_name], attr)
+    """By path, never through _SENSITIVE's getters (a dict the submission can refill): the longest imported module,
+    then static attribute look-ups (class members as stored, not bound)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            value = module
+            for attr in parts[cut:]:
+                value = inspect.getattr_static(value, attr)
+            return value
+    return inspect.getattr_static(builtins, dotted.rpartition(".")[2])
 
 
 def _inner_code_of_disable_dynamo():
@@ -115,8 +151,32 @@ def _dynamo_seed_wrapper(name: str, current, original) -> bool:
         wrapped = cells["fn"].cell_contents
     except (KeyError, ValueError):
         return False
-    planted = type(original) is types.FunctionType and "__dynamo_disable" in original.__dict__
+    planted = type(original) is types.FunctionType and (type(original.__dict__) is not dict
+                                                        or "__dynamo_disable" in dict.keys(original.__dict__))
     return wrapped is original and not planted
+
+
+# ---- tripwires: operations no kernel needs, refused in workers by an audit hook (which cannot be removed) ----
+
+_REFUSED_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook"})
+_REFUSED_ATTRIBUTES = frozenset({"__code__"})  # torch itself sets __defaults__ while it loads
+refused: list[str] = []  # what was refused; the refusal itself is the defence, this is the evidence
+
+
+def _tripwire(event: str, args: tuple) -> None:
+    if event in _REFUSED_EVENTS or (event == "object.__setattr__" and len(args) >= 2
+                                    and args[1] in _REFUSED_ATTRIBUTES):
+        what = event if event != "object.__setattr__" else f"setting a function's {args[1]}"
+        refused.append(what)
+        # RuntimeError: CPython then also refuses to add another audit hook, silently
+        raise RuntimeError(f"refused in a kbverify worker: {what}")
+
+
+def install_tripwires() -> None:
+    """Profile and trace hooks (which run code at any call or return the harness makes), rewriting a function's
+    code in place (which keeps its identity, so identity checks miss it) and further audit hooks.
+    Installed in each worker before it loads any task or submission code."""
+    sys.addaudithook(_tripwire)
 
 
 # Captured before any submission: the depth of torch's mode stacks.

@@ -428,6 +428,10 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
     protocol = context.protocol
     warnings = code_path_warnings(context.static, build)
     warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
+    if protocol.guards and candidate.get("refused"):
+        return _base_verdict(context, Status.EXPLOIT_TAMPER, build=build, warnings=tuple(warnings), sets=tuple(sets),
+                             message="tried what a worker refuses: " + ", ".join(candidate["refused"]),
+                             hidden_shapes=origin, reproducer=_reproducer(protocol, secret, None))
     if candidate.get("load_error"):
         return _base_verdict(context, Status.COMPILE_ERROR, message=candidate["load_error"], build=build,
                              warnings=tuple(warnings), hidden_shapes=origin, sets=tuple(sets),
@@ -492,6 +496,9 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
         return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
                                    message=f"the timing record is not one the harness wrote ({claimed_ms:.0f} ms of "
                                            f"calls claimed in {timed.wall_s:.1f} s of worker time)")
+    if context.protocol.guards and record.get("refused"):
+        return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
+                                   message="while timed, tried what a worker refuses: " + ", ".join(record["refused"]))
     if record.get("error") and record.get("error_side") == "reference":
         return dataclasses.replace(verdict, status=Status.UNVERIFIABLE,
                                    message="the reference failed while timed: " + record["error"])
@@ -599,7 +606,7 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if record.get("n_unsettled"):
         return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
                 "returned (work still running when the end event was recorded)", warnings)
-    gaps = _unexplained_gaps(record)
+    gaps = record.get("gaps_ms") or {}
     if on_gpu and gaps.get("cand") and gaps.get("ref"):
         excess = _median(gaps["cand"]) - _median(gaps["ref"])
         if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
@@ -615,17 +622,6 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
             return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
                     f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
     return Status.PASSED, "", warnings
-
-
-def _unexplained_gaps(record: dict) -> dict[str, list[float]]:
-    """Per call, how long the device stayed busy after the end event beyond the harness's own projection of the
-    output (measured again on the settled output). Records made before the projection was timed give the gaps."""
-    gaps, projections = record.get("gaps_ms") or {}, record.get("projection_ms") or {}
-    out = {}
-    for side, values in gaps.items():
-        costs = projections.get(side) or []
-        out[side] = [gap - cost for gap, cost in zip(values, costs)] if len(costs) == len(values) else list(values)
-    return out
 
 
 def _median(values: list[float]) -> float:

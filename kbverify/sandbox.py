@@ -266,7 +266,10 @@ def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str
     os.environ["TMPDIR"] = os.path.join(workdir, "tmp")
     tempfile.tempdir = None
     os.chdir(workdir)
-    from kbverify import worker
+    from kbverify import guards, worker
+
+    if not job.startswith("kernelbench"):  # KernelBench's own protocol runs submissions as KernelBench did
+        guards.install_tripwires()
 
     code = 0
     try:

@@ -38,7 +38,6 @@ class _Side:
         self.secret, self.grad = secret, grad
         self.times_ms: list[list[float]] = []
         self.gaps_ms: list[float] = []
-        self.projection_ms: list[float] = []
         self.calls: list[dict] = []
         self.previous_inputs: list | None = None
         self.threads_started = 0
@@ -107,11 +106,13 @@ class _Projector:
     def __call__(self, outputs: list) -> list:
         values = []
         for index, out in enumerate(outputs):
-            if not isinstance(out, torch.Tensor) or out.numel() == 0:
+            if type(out) is not torch.Tensor or out.numel() == 0:  # a subclass's __torch_function__ never runs
                 values.append(None)
                 continue
             positions, weights = self._plan(index, out)
-            sample = out.detach().reshape(-1)[positions].double()
+            # take() reads the sampled elements in place, whatever the strides: the projection costs the same for
+            # a non-contiguous output as for a contiguous one (reshape would copy the whole output first)
+            sample = out.detach().take(positions).double()
             values.append(torch.cat([weights @ sample, torch.linalg.vector_norm(sample).reshape(1),
                                      sample[: self.EXACT]]))
         return values
@@ -135,8 +136,7 @@ def _timed_call(side: _Side, inputs: list, device, flush, projector, before_call
     modes = guards.mode_depths()
     with torch.set_grad_enabled(side.grad):
         if device.type == "cuda":
-            start, end, after_sync, settled_start, settled_end = (torch.cuda.Event(enable_timing=True)
-                                                                  for _ in range(5))
+            start, end, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             start.record()
             out = side.model(*inputs)
             end.record()
@@ -146,13 +146,6 @@ def _timed_call(side: _Side, inputs: list, device, flush, projector, before_call
             after_sync.synchronize()
             elapsed = start.elapsed_time(end)
             side.gaps_ms.append(end.elapsed_time(after_sync))
-            # The projection's own cost, on the settled output: a non-contiguous output makes it copy, which is
-            # no work of the candidate's; whatever else kept the device busy after the end event is.
-            settled_start.record()
-            projector(flatten_outputs(out))
-            settled_end.record()
-            settled_end.synchronize()
-            side.projection_ms.append(settled_start.elapsed_time(settled_end))
         else:
             started = time.perf_counter_ns()
             out = side.model(*inputs)
@@ -271,14 +264,13 @@ def timing_job(payload: dict) -> dict:
         record["error"] = short_error(error)
         record["error_side"] = "reference" if _last_phase_is_reference() else "candidate"
     record["gaps_ms"] = {name: side.gaps_ms for name, side in sides.items()}
-    record["projection_ms"] = {name: side.projection_ms for name, side in sides.items()}
     record["threads_started"] = {name: side.threads_started for name, side in sides.items()}
     record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
     record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
     record["flags_changed"] = flag_changes
     record["baseline_flags"] = flags
     modes_left = set(guards.modes_left_active(modes_at_load)).union(*(side.modes_left for side in sides.values()))
-    record["tampered"] = guards.tampered(sensitive) + sorted(modes_left)
+    record["tampered"] = guards.tampered(sensitive) + sorted(modes_left) + sorted(set(guards.refused))
     record["torch_functions_changed"] = sorted(set(record["torch_functions_changed"])
                                                | set(guards.torch_namespace_changes(torch_functions)))
     record["extensions"] = watch.record() if watch else None
@@ -317,7 +309,6 @@ def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> No
             break
     for side in sides.values():
         side.gaps_ms.clear()
-        side.projection_ms.clear()
         side.previous_inputs = None
 
 
@@ -329,8 +320,9 @@ def _poison(output) -> None:
 
 
 def _signature(outputs: list) -> list:
-    return [(type(t).__name__, tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__
-            for t in outputs]
+    # the full type name: a subclass called "Tensor" is not torch.Tensor
+    return [(f"{type(t).__module__}.{type(t).__qualname__}", tuple(t.shape), str(t.dtype))
+            if type(t) is torch.Tensor else f"{type(t).__module__}.{type(t).__qualname__}" for t in outputs]
 
 
 def _settle(pending: list, projector, side: _Side, device) -> None:

@@ -34,6 +34,10 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
     if isinstance(result, dict) and job != "probe":
         # Provenance rides along with every result, so the parent needs no separate probe.
         result["_worker"] = probe_job(payload)
+        from kbverify import guards
+
+        if guards.refused:
+            result["refused"] = sorted(set(guards.refused))
     return result
 
 
