@@ -575,8 +575,18 @@ def _against_clean_reference(estimate, ref_ms: float, clean: dict | None):
     if not clean_ms > 0 or ref_ms / clean_ms <= REFERENCE_SLOWDOWN_TOLERANCE:
         return estimate, ref_ms, False
     scale = clean_ms / ref_ms
-    scaled = dataclasses.replace(estimate, speedup=estimate.speedup * scale, ci_low=estimate.ci_low * scale,
-                                 ci_high=estimate.ci_high * scale)
+    # The clean time has its own uncertainty (its A/A interval against an identical copy): each side of the
+    # interval widens by it, added to the paired interval's on the log scale.
+    aa = stats.paired_speedup([(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]])
+    extra = math.log(aa.ci_high / aa.ci_low) / 2 if aa.ci_low > 0 else 0.0
+    center = estimate.speedup * scale
+
+    def widened(bound: float) -> float:
+        distance = abs(math.log(bound * scale / center)) if bound > 0 and center > 0 else 0.0
+        return math.hypot(distance, extra)
+
+    scaled = dataclasses.replace(estimate, speedup=center, ci_low=center * math.exp(-widened(estimate.ci_low)),
+                                 ci_high=center * math.exp(widened(estimate.ci_high)))
     return scaled, clean_ms, True
 
 

@@ -36,6 +36,9 @@ def test_slowed_reference_gives_the_speedup_against_the_clean_time():
     assert Warn.REFERENCE_SLOWED.value in decided.warnings
     assert decided.speedup == pytest.approx(1.6, rel=0.02)  # not 2.7
     assert decided.speedup_ci[0] <= decided.speedup <= decided.speedup_ci[1] < 1.7
+    # wider than the paired interval alone, by the clean time's own A/A uncertainty
+    paired = decide_timing(_verdict(ref_beside_ms=0.16, clean_ms=0.16, cand_ms=0.10), VERIFIED)
+    assert (decided.speedup_ci[1] / decided.speedup_ci[0]) > (paired.speedup_ci[1] / paired.speedup_ci[0])
     assert decided.ref_time_ms == pytest.approx(0.16, rel=0.02)
 
 
