@@ -304,15 +304,12 @@ def _committed_shapes(task: Task, worker_settings: dict) -> list[dict] | None:
         return None
     from kbverify import hidden
 
-    for hidden_dir in worker_settings.get("hidden_dirs", []):
-        try:
-            shapes = hidden.load_manifest(task, hidden_dir)
-        except InputError as error:  # one broken manifest must not stop an audit of 250 tasks
-            log.warning("%s: %s; its hidden shapes are generated instead", task.name, error)
-            return None
-        if shapes is not None:
-            return [shape.to_json() for shape in shapes]
-    return None
+    try:
+        shapes = hidden.committed_shapes(task, worker_settings.get("hidden_dirs", []))
+    except InputError as error:  # one broken manifest must not stop an audit of 250 tasks
+        log.warning("%s: %s; its hidden shapes are generated instead", task.name, error)
+        return None
+    return None if shapes is None else [shape.to_json() for shape in shapes]
 
 
 def _provenance(lines: list[dict]) -> dict:

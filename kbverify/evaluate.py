@@ -182,8 +182,7 @@ def candidate_job(payload: dict) -> dict:
             break
     record["extensions"] = watch.record()
     _await_previous_consumed(outdir)  # an output shared over CUDA IPC lives only as long as this process
-    record["tampered"] = (guards.tampered(snapshot) + guards.modes_left_active(modes_before)
-                          + sorted(set(guards.refused)) if guarded else [])
+    record["tampered"] = guards.tampered(snapshot) + guards.modes_left_active(modes_before) if guarded else []
     record["threads_started"] = guards.thread_count() - threads_before
     return record
 

@@ -14,35 +14,35 @@ import types
 import torch
 
 # Functions a submission could patch to fool timing, comparison or the result channel.
-_SENSITIVE = {
-    "time.perf_counter": lambda: time.perf_counter,
-    "time.perf_counter_ns": lambda: time.perf_counter_ns,
-    "time.time": lambda: time.time,
-    "time.monotonic": lambda: time.monotonic,
-    "torch.cuda.Event": lambda: torch.cuda.Event,
-    "torch.cuda.Event.record": lambda: torch.cuda.Event.record,
-    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
-    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
-    "torch.cuda.current_stream": lambda: torch.cuda.current_stream,
-    "torch.allclose": lambda: torch.allclose,
-    "torch.isclose": lambda: torch.isclose,
-    "torch.equal": lambda: torch.equal,
-    "torch.testing.assert_close": lambda: torch.testing.assert_close,
-    "torch.save": lambda: torch.save,
-    "torch.Tensor.clone": lambda: torch.Tensor.clone,
-    "torch.Tensor.to": lambda: torch.Tensor.to,
-    "torch.Tensor.cpu": lambda: torch.Tensor.cpu,
-    "torch.Tensor.__eq__": lambda: torch.Tensor.__eq__,
-    "torch.Tensor.sub": lambda: torch.Tensor.sub,
-    "torch.Tensor.abs": lambda: torch.Tensor.abs,
-    "torch.linalg.vector_norm": lambda: torch.linalg.vector_norm,
-    "torch.nn.Module.__call__": lambda: torch.nn.Module.__call__,
-    "torch.manual_seed": lambda: torch.manual_seed,
-    "json.dump": lambda: json.dump,
-    "json.dumps": lambda: json.dumps,
-    "os.replace": lambda: os.replace,
-    "builtins.open": lambda: builtins.open,
-}
+_SENSITIVE = (
+    "time.perf_counter",
+    "time.perf_counter_ns",
+    "time.time",
+    "time.monotonic",
+    "torch.cuda.Event",
+    "torch.cuda.Event.record",
+    "torch.cuda.Event.elapsed_time",
+    "torch.cuda.synchronize",
+    "torch.cuda.current_stream",
+    "torch.allclose",
+    "torch.isclose",
+    "torch.equal",
+    "torch.testing.assert_close",
+    "torch.save",
+    "torch.Tensor.clone",
+    "torch.Tensor.to",
+    "torch.Tensor.cpu",
+    "torch.Tensor.__eq__",
+    "torch.Tensor.sub",
+    "torch.Tensor.abs",
+    "torch.linalg.vector_norm",
+    "torch.nn.Module.__call__",
+    "torch.manual_seed",
+    "json.dump",
+    "json.dumps",
+    "os.replace",
+    "builtins.open",
+)
 
 
 def snapshot_sensitive() -> dict[str, object]:
@@ -111,7 +111,7 @@ def tampered(snapshot: dict[str, object]) -> list[str]:
 
 
 def _resolve(dotted: str):
-    """By path, never through _SENSITIVE's getters (a dict the submission can refill): the longest imported module,
+    """By path, never through a table a submission could refill: the longest imported module,
     then static attribute look-ups (class members as stored, not bound)."""
     parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):

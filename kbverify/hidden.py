@@ -650,12 +650,20 @@ def _read_manifest(path: Path) -> dict:
     return data
 
 
-def shapes_for(task: Task, hidden_dirs: Sequence[str | Path]) -> tuple[list[HiddenShape], str]:
-    """The task's hidden shapes and their origin: "committed", "generated" or "none"."""
+def committed_shapes(task: Task, hidden_dirs: Sequence[str | Path]) -> list[HiddenShape] | None:
+    """The first committed manifest for this task among `hidden_dirs`; None where none applies."""
     for hidden_dir in hidden_dirs:
         shapes = load_manifest(task, hidden_dir)
         if shapes is not None:
-            return shapes, "committed" if shapes else "none"
+            return shapes
+    return None
+
+
+def shapes_for(task: Task, hidden_dirs: Sequence[str | Path]) -> tuple[list[HiddenShape], str]:
+    """The task's hidden shapes and their origin: "committed", "generated" or "none"."""
+    shapes = committed_shapes(task, hidden_dirs)
+    if shapes is not None:
+        return shapes, "committed" if shapes else "none"
     shapes = list(_generated(task))
     return shapes, "generated" if shapes else "none"
 

@@ -56,7 +56,8 @@ def select_entries(entries: list, select: Path) -> list:
         wanted = [(int(k["level_id"]), int(k["task_id"])) for k in json.loads(Path(select).read_text())["kernels"]]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise InputError(f"{select}: not a subset file (JSON with kernels: [{{level_id, task_id}}]): {error}") from error
-    chosen = [entry for entry in entries if (entry.level, entry.problem_id) in set(wanted)]
+    named = set(wanted)
+    chosen = [entry for entry in entries if (entry.level, entry.problem_id) in named]
     missing = sorted(set(wanted) - {(entry.level, entry.problem_id) for entry in chosen})
     if missing:
         raise InputError(f"{select}: {len(missing)} kernels not in the source, first {missing[:5]}")

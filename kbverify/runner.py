@@ -248,10 +248,9 @@ def hidden_shapes_for(task: Task, hidden_dirs, device: str = "cpu") -> tuple[lis
     generating executes the task's code and a published run's reference is untrusted (SPEC §7)."""
     from kbverify import hidden
 
-    for hidden_dir in hidden_dirs:
-        shapes = hidden.load_manifest(task, hidden_dir)
-        if shapes is not None:
-            return shapes, "committed" if shapes else "none"
+    shapes = hidden.committed_shapes(task, hidden_dirs)
+    if shapes is not None:
+        return shapes, "committed" if shapes else "none"
     if task.sha256 not in _GENERATED_SHAPES:
         outcome = run_child("hidden", {"task_source": task.source, "task_name": task.name, "device": "cpu"},
                             timeout_s=300, device="cpu")
@@ -496,9 +495,8 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
         return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
                                    message=f"the timing record is not one the harness wrote ({claimed_ms:.0f} ms of "
                                            f"calls claimed in {timed.wall_s:.1f} s of worker time)")
-    if context.protocol.guards and record.get("refused"):
-        return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
-                                   message="while timed, tried what a worker refuses: " + ", ".join(record["refused"]))
+    if context.protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
+        return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER, message=_refusal(record))
     if record.get("error") and record.get("error_side") == "reference":
         return dataclasses.replace(verdict, status=Status.UNVERIFIABLE,
                                    message="the reference failed while timed: " + record["error"])
@@ -590,9 +588,15 @@ def _against_clean_reference(estimate, ref_ms: float, clean: dict | None):
     return scaled, clean_ms, True
 
 
+def _refusal(record: dict) -> str:
+    return "while timed, tried what a worker refuses: " + ", ".join(record["refused"])
+
+
 def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
                    cand_ms: float) -> tuple[Status, str, list[str]]:
     warnings: list[str] = []
+    if record.get("refused"):
+        return Status.EXPLOIT_TAMPER, _refusal(record), warnings
     if record.get("tampered"):
         return Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(record["tampered"][:6]), warnings
     slowing = [change for change in [record.get("flags_changed_at_import") or {}, *record.get("flags_changed", [])]

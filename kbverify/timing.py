@@ -270,7 +270,7 @@ def timing_job(payload: dict) -> dict:
     record["flags_changed"] = flag_changes
     record["baseline_flags"] = flags
     modes_left = set(guards.modes_left_active(modes_at_load)).union(*(side.modes_left for side in sides.values()))
-    record["tampered"] = guards.tampered(sensitive) + sorted(modes_left) + sorted(set(guards.refused))
+    record["tampered"] = guards.tampered(sensitive) + sorted(modes_left)
     record["torch_functions_changed"] = sorted(set(record["torch_functions_changed"])
                                                | set(guards.torch_namespace_changes(torch_functions)))
     record["extensions"] = watch.record() if watch else None
