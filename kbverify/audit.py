@@ -216,9 +216,11 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
                 out_prefix: str | Path | None = None, resume: bool = True,
                 progress: Callable[[int, int, TaskAudit], None] | None = None,
                 settings: AuditSettings | None = None, thresholds: AuditThresholds | None = None,
-                title: str | None = None) -> AuditReport:
+                title: str | None = None, claim: Callable[[Task], bool] | None = None) -> AuditReport:
     """Audit every task; with `out_prefix`, append each task's raw result to `<prefix>.partial.jsonl` as it
-    finishes (a rerun skips those, unless they errored) and write `<prefix>.json` and `<prefix>.md` at the end."""
+    finishes (a rerun skips those, unless they errored) and write `<prefix>.json` and `<prefix>.md` at the end.
+    With `claim`, a task not yet done is audited only when claim(task) is true (several auditors sharing one
+    task list, each taking the next unclaimed task); the tasks left to others are not in the returned report."""
     if isinstance(tasks, (str, Path)):
         title = title or Path(tasks).name
         tasks = load_task_dir(tasks)
@@ -239,6 +241,8 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     lines: list[dict] = []
     for index, task in enumerate(tasks, start=1):
         line = done.get(task.key)
+        if line is None and claim is not None and not claim(task):
+            continue
         if line is None:
             line = _run_task(task, worker_settings, judged, device, settings.timeout_s)
             line["settings_sha256"] = fingerprint
@@ -320,6 +324,38 @@ def _provenance(lines: list[dict]) -> dict:
 
 
 # ---- the partial file -------------------------------------------------------------------------------------
+
+def finished_keys(paths: Sequence[Path], *, protocols: Sequence[Protocol | str], device: str,
+                  settings: AuditSettings | None = None) -> set[str]:
+    """Keys of the tasks some partial file among `paths` already holds a result for, under these settings."""
+    settings = settings or AuditSettings()
+    fingerprint = _settings_sha256(settings.worker_dict(), _with_identity_variants(_resolve(protocols),
+                                                                                   settings.distributions), device)
+    return {key for path in paths for key in _read_partial(Path(path), fingerprint)}
+
+
+def merge_partials(target: Path, sources: Sequence[Path]) -> int:
+    """Merge partial files into `target`, one line per task (a result beats an error; later beats earlier),
+    written atomically; the sources are removed once the merge is on disk. Returns the number of lines."""
+    best: dict[str, dict] = {}
+    for path in [target, *sources]:
+        if not Path(path).exists():
+            continue
+        for text in Path(path).read_text().splitlines():
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(line, dict) or "key" not in line:
+                continue
+            if line.get("raw") is not None or best.get(line["key"], {}).get("raw") is None:
+                best[line["key"]] = line
+    _write_atomically(Path(target), "".join(json.dumps(line, default=_json_default, allow_nan=True) + "\n"
+                                            for line in best.values()))
+    for path in sources:
+        Path(path).unlink(missing_ok=True)
+    return len(best)
+
 
 def _read_partial(path: Path | None, fingerprint: str) -> dict[str, dict]:
     """Finished tasks by key. A line cut short by a kill, one from other settings, or one that errored is

@@ -6,8 +6,9 @@
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
-With --gpus N, N copies of this script each audit every N-th task on their own GPU (OUT_PREFIX.shardK.*), then
-their results are merged into OUT_PREFIX.partial.jsonl and the report is written from it.
+With --gpus N --per-gpu K, N·K copies of this script share the task list (OUT_PREFIX.shardI.*): each takes the
+next task no other copy has claimed, so one slow task does not hold back a fixed share of the others. Their results
+are then merged into OUT_PREFIX.partial.jsonl and the report is written from it.
 Nothing is downloaded. Progress goes to stderr; the comparison with the published lists (KernelBench-Verified's
 exclusions, KernelBench issue #165, robust-kbench's numeric filters, METR's removals; see
 reference/verified_and_hacks.md) and the total wall time go to stdout at the end.
@@ -16,7 +17,10 @@ reference/verified_and_hacks.md) and the total wall time go to stdout at the end
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify.audit import AuditSettings, audit_tasks  # noqa: E402
+from kbverify.audit import AuditSettings, audit_tasks, finished_keys, merge_partials  # noqa: E402
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
@@ -59,7 +63,8 @@ def main() -> int:
     parser.add_argument("--per-gpu", type=int, default=1,
                         help="audits sharing each GPU (the audit checks values, not speed; only its launch-bound "
                              "timing flag is measured under the others' load, next to a launch floor measured alike)")
-    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: every N-th task from K
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: copy K of N
+    parser.add_argument("--claims", default=None, type=Path, help=argparse.SUPPRESS)  # the copies' shared claims
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
@@ -69,7 +74,7 @@ def main() -> int:
     if not tasks:
         print(f"{args.tasks}: no level{{{args.levels}}}/ task folders", file=sys.stderr)
         return 2
-    if args.shard:
+    if args.shard and args.claims is None:
         index, count = (int(part) for part in args.shard.split("/"))
         tasks = tasks[index::count]
     started = time.monotonic()
@@ -90,7 +95,7 @@ def main() -> int:
 
     report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
                          out_prefix=args.out_prefix, resume=sharded or not args.fresh, progress=progress,
-                         settings=settings,
+                         settings=settings, claim=claimer(args.claims, elsewhere(args, settings)) if args.claims else None,
                          title="KernelBench levels " + args.levels)
     wall_s = time.monotonic() - started
     if args.shard:
@@ -101,28 +106,57 @@ def main() -> int:
     return 0
 
 
+def elsewhere(args, settings: AuditSettings) -> set[str]:
+    """Tasks whose results an earlier invocation left in another copy's partial file or in the merged one."""
+    prefix = Path(str(args.out_prefix).rsplit(".shard", 1)[0])
+    paths = [Path(f"{prefix}.partial.jsonl"), *prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")]
+    own = Path(f"{args.out_prefix}.partial.jsonl")
+    return finished_keys([p for p in paths if p != own], protocols=parse_protocols(args.protocol),
+                         device=args.device, settings=settings)
+
+
+def claimer(folder: Path, done_elsewhere: set[str]):
+    """A task belongs to the first copy that creates its claim file: creation with O_EXCL is atomic."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def claim(task) -> bool:
+        if task.key in done_elsewhere:
+            return False
+        path = folder / hashlib.sha256(task.key.encode()).hexdigest()[:32]
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    return claim
+
+
 def run_shards(args) -> None:
-    """`per_gpu` copies of this script per GPU, each on every N-th task; their partial files merged into ours."""
+    """`per_gpu` copies of this script per GPU sharing one task list; their partial files merged into ours."""
     processes = []
     shards = args.gpus * args.per_gpu
+    # Fresh claims for every invocation: a task claimed by a copy killed before it finished is free again.
+    claims = Path(f"{args.out_prefix}.claims-{os.getpid()}-{time.time_ns()}")
+    if args.fresh:
+        prefix = Path(args.out_prefix)
+        for stale in [Path(f"{prefix}.partial.jsonl"), *prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")]:
+            stale.unlink(missing_ok=True)
     for index in range(shards):
         device = f"cuda:{index % args.gpus}" if args.device.startswith("cuda") else args.device
         command = [sys.executable, __file__, str(args.tasks), f"{args.out_prefix}.shard{index}", "--device", device,
                    "--levels", args.levels, "--protocol", args.protocol, "--seeds", str(args.seeds),
-                   "--timeout", str(args.timeout), "--shard", f"{index}/{shards}"]
+                   "--timeout", str(args.timeout), "--shard", f"{index}/{shards}", "--claims", str(claims)]
         command += [f"--hidden-tests={d}" for d in args.hidden_tests]
-        command += ["--no-hidden"] * args.no_hidden + ["--fresh"] * args.fresh
+        command += ["--no-hidden"] * args.no_hidden
         processes.append(subprocess.Popen(command))
     codes = [process.wait() for process in processes]
     log.info("shards finished with exit codes %s", codes)
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
-    with open(merged, "w" if args.fresh else "a") as out:
-        for index in range(shards):
-            shard = Path(f"{args.out_prefix}.shard{index}.partial.jsonl")
-            if shard.exists():
-                text = shard.read_text()
-                out.write(text if text.endswith("\n") or not text else text + "\n")
+    lines = merge_partials(merged, [Path(f"{args.out_prefix}.shard{index}.partial.jsonl") for index in range(shards)])
+    log.info("merged the copies' results: %d tasks in %s", lines, merged)
+    shutil.rmtree(claims, ignore_errors=True)
 
 
 def compare_with_published(report) -> str:

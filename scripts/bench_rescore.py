@@ -1,39 +1,129 @@
 """End-to-end cost of `rescore` per kernel (build, original, verified) and the build cache's effect on a second run.
 
-Runs the same source twice with one build cache: the first run starts from an empty cache, the second finds every
-native build there. Each run gets a new store, so both evaluate every unit. Prints a table and the ratios.
+Full mode runs the same source twice with one build cache: the first run starts from an empty cache, the second
+finds every native build there. Each run gets a new store, so both evaluate every unit. Prints a table and the ratios.
 
     python3 scripts/bench_rescore.py examples/published_run --tasks tasks/basic --device cpu
+
+On a GPU, where evaluating a corpus twice costs too much device time, the two halves can be measured apart:
+
+    python3 scripts/bench_rescore.py SOURCE --select SUBSET --device cuda --builds-only --builds-json B.json
+        times every native build from an empty cache (cold), then the same prebuild again (warm);
+    python3 scripts/bench_rescore.py SOURCE --select SUBSET --builds-json B.json --store STORE
+        adds the evaluation times a finished `rescore --store STORE` recorded for the same kernels and prints the
+        per-kernel cost (build, original, verified) and the end-to-end cold/warm ratio. Evaluation does not touch the
+        build cache, so a second run's evaluation costs what the first one's did.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path)
-    parser.add_argument("--tasks", type=Path, default=None)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--format", default="auto")
-    parser.add_argument("--protocol", default="original,verified")
-    parser.add_argument("--limit", type=int, default=None)
-    args = parser.parse_args()
+
+def load(args) -> list:
+    from kbverify.importers import load_entries
+    from kbverify.jobs import select_entries
+
+    entries = load_entries(args.source, fmt=args.format, tasks_dir=args.tasks)
+    if args.select:
+        entries = select_entries(entries, args.select)
+    return entries[: args.limit]
+
+
+def timed_builds(entries: list, device: str, workers: int) -> dict:
+    """Each native submission built in its own child, `workers` at a time: seconds and outcome per content hash."""
+    from kbverify.rescore import prebuild
+    from kbverify.runner import CheckOptions
+
+    unique = {}
+    for entry in entries:
+        if entry.submission is not None and entry.task is not None:
+            unique.setdefault(entry.submission.sha256, entry)
+
+    def one(entry):
+        started = time.monotonic()
+        result = prebuild([entry], CheckOptions(device=device), workers=1)
+        return entry.submission.sha256, {"entry": entry.entry_id, "native": bool(result),
+                                         "ok": all(r.get("ok") for r in result.values()) if result else None,
+                                         "seconds": time.monotonic() - started}
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        per_kernel = dict(pool.map(one, unique.values()))
+    return {"wall_s": time.monotonic() - started, "per_kernel": per_kernel}
+
+
+def builds_only(args, entries: list) -> dict:
+    from kbverify.runner import default_build_cache
+
+    cache = default_build_cache()
+    if cache.exists() and any(cache.iterdir()):
+        raise SystemExit(f"{cache} is not empty: a cold build needs an empty cache (set KBVERIFY_CACHE)")
+    result = {"device": args.device, "workers": args.workers, "cache": str(cache)}
+    for run in ("cold", "warm"):
+        result[run] = timed_builds(entries, args.device, args.workers)
+    return result
+
+
+def evaluation_times(store_path: Path) -> dict:
+    """{submission sha256: {protocol: elapsed seconds}} from a finished rescore's store."""
+    from kbverify.store import Store
+
+    times: dict = {}
+    with Store(store_path) as store:
+        for _, verdict in store.verdicts():
+            times.setdefault(verdict.submission_sha256, {})[verdict.protocol] = verdict.elapsed_s
+    return times
+
+
+def print_split(entries: list, builds: dict, evaluation: dict) -> None:
+    protocols = sorted({p for per in evaluation.values() for p in per})
+    rows = []
+    for entry in entries:
+        sha = entry.submission.sha256 if entry.submission else None
+        if sha not in evaluation or sha not in builds["cold"]["per_kernel"]:
+            continue
+        cold = builds["cold"]["per_kernel"][sha]
+        warm = builds["warm"]["per_kernel"][sha]
+        rows.append((entry.entry_id, cold, warm, [evaluation[sha].get(p) for p in protocols]))
+    print(f"{len(rows)} kernels with both a timed build and stored verdicts; builds on {builds['workers']} workers")
+    print("| kernel | native | build cold s | build warm s | " + " | ".join(f"{p} s" for p in protocols) + " |")
+    print("|---|---|---|---|" + "---|" * len(protocols))
+    for name, cold, warm, evals in rows:
+        native = "no" if not cold["native"] else ("built" if cold["ok"] else "failed")
+        print(f"| {name} | {native} | {cold['seconds']:.1f} | {warm['seconds']:.1f} | "
+              + " | ".join("–" if e is None else f"{e:.1f}" for e in evals) + " |")
+    medians = [statistics.median(e[i] for *_, e in rows if e[i] is not None) for i in range(len(protocols))]
+    print(f"| median | | {statistics.median(c['seconds'] for _, c, _, _ in rows):.1f} | "
+          f"{statistics.median(w['seconds'] for _, _, w, _ in rows):.1f} | " + " | ".join(f"{m:.1f}" for m in medians) + " |")
+    evaluation_s = sum(e for *_, evals in rows for e in evals if e is not None)
+    cold_s, warm_s = builds["cold"]["wall_s"] + evaluation_s, builds["warm"]["wall_s"] + evaluation_s
+    print(f"prebuild wall: cold {builds['cold']['wall_s']:.1f} s, warm {builds['warm']['wall_s']:.1f} s "
+          f"= {builds['cold']['wall_s'] / max(builds['warm']['wall_s'], 1e-9):.1f}x")
+    print(f"end to end (prebuild wall + serial evaluation {evaluation_s:.0f} s): cold {cold_s:.0f} s, warm {warm_s:.0f} s "
+          f"= {cold_s / warm_s:.2f}x from the build cache")
+
+
+def full(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="kbv-bench-"))
     os.environ["KBVERIFY_CACHE"] = str(work / "cache")
     from kbverify import jobs
-    from kbverify.importers import load_entries
     from kbverify.rescore import prebuild
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
-    entries = load_entries(args.source, fmt=args.format, tasks_dir=args.tasks)[: args.limit]
+    entries = load(args)
     rows = {}
     for run in ("cold", "warm"):
         started = time.monotonic()
@@ -42,8 +132,8 @@ def main() -> None:
         store_path = work / f"{run}.sqlite"
         result = jobs.run_rescore(args.source, fmt=args.format, tasks=args.tasks, store_path=store_path,
                                   protocols=args.protocol, samples="first", report_dir=None, device=args.device,
-                                  hidden_dirs=[Path(__file__).resolve().parent.parent / "hidden_tests"],
-                                  timeout_s=900, limit=args.limit, show_progress=False)
+                                  hidden_dirs=[REPO / "hidden_tests"], timeout_s=900, limit=args.limit,
+                                  select=args.select, show_progress=False)
         with Store(store_path) as store:
             verdicts = [v for _, v in store.verdicts()]
         per_protocol = {}
@@ -60,6 +150,34 @@ def main() -> None:
     cold, warm = rows["cold"], rows["warm"]
     print(f"end to end, cold/warm: {cold['wall_s']:.1f} s / {warm['wall_s']:.1f} s = "
           f"{cold['wall_s'] / warm['wall_s']:.2f}x from the build cache")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("--tasks", type=Path, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--format", default="auto")
+    parser.add_argument("--protocol", default="original,verified")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--select", type=Path, default=None, help="subset file, as rescore --select")
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--builds-only", action="store_true", help="time cold and warm prebuilds, evaluate nothing")
+    parser.add_argument("--builds-json", type=Path, default=None)
+    parser.add_argument("--store", type=Path, default=None, help="a finished rescore's store of the same kernels")
+    args = parser.parse_args()
+    if args.builds_only:
+        if args.builds_json is None:
+            parser.error("--builds-only needs --builds-json")
+        result = builds_only(args, load(args))
+        args.builds_json.write_text(json.dumps(result, indent=1))
+        print(f"prebuild wall: cold {result['cold']['wall_s']:.1f} s, warm {result['warm']['wall_s']:.1f} s")
+    elif args.store:
+        if args.builds_json is None:
+            parser.error("--store needs --builds-json from a --builds-only run")
+        print_split(load(args), json.loads(args.builds_json.read_text()), evaluation_times(args.store))
+    else:
+        full(args)
 
 
 if __name__ == "__main__":

@@ -303,3 +303,47 @@ def test_committed_manifest_found_through_a_relative_path(monkeypatch):
     assert report.tasks[0].hidden_shapes == "committed"
     manifest = json.loads((repo / "hidden_tests" / "tasks" / "basic" / "level1" / "1_ReLU.json").read_text())
     assert manifest["sha256"] == task.sha256 and manifest["shapes"]
+
+
+def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
+    """Two auditors over one list: each task audited by exactly one of them; a later invocation skips what either
+    finished; merging leaves one line per task and removes the copies' files."""
+    from kbverify.audit import finished_keys, merge_partials
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import audit_kernelbench
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    tasks = [load_task(_write(tmp_path, name, TASKS[source])) for name, source in
+             (("level1/1_Linear", "level1/13_Linear"), ("level1/2_ReLU", "level1/10_ReLU_rand"))]
+    settings = AuditSettings(hidden_shapes=False, timeout_s=120)
+    claims = audit_kernelbench.claimer(tmp_path / "claims", set())
+    taken_by_first = []
+
+    def first_takes_one(task):
+        if taken_by_first:
+            return False
+        taken_by_first.append(task.key)
+        return claims(task)
+
+    prefix = tmp_path / "run"
+    first = audit_tasks(tasks, protocols=["original"], out_prefix=f"{prefix}.shard0", settings=settings,
+                        claim=first_takes_one)
+    second = audit_tasks(tasks, protocols=["original"], out_prefix=f"{prefix}.shard1", settings=settings,
+                         claim=claims)
+    assert [a.key for a in first.tasks] == [tasks[0].key]
+    assert [a.key for a in second.tasks] == [tasks[1].key]  # the first's claim held
+    shards = [Path(f"{prefix}.shard{i}.partial.jsonl") for i in range(2)]
+    assert finished_keys(shards, protocols=["original"], device="cpu", settings=settings) == {t.key for t in tasks}
+    assert finished_keys(shards, protocols=["verified"], device="cpu", settings=settings) == set()  # other settings
+
+    merged = Path(f"{prefix}.partial.jsonl")
+    merged.write_text(json.dumps({"key": tasks[0].key, "raw": None, "error": "timeout"}) + "\n")  # an earlier failure
+    assert merge_partials(merged, shards) == 2
+    assert not any(path.exists() for path in shards)
+    lines = [json.loads(line) for line in merged.read_text().splitlines()]
+    assert sorted(line["key"] for line in lines) == sorted(t.key for t in tasks)
+    assert all(line["raw"] is not None for line in lines)  # the result replaced the earlier error
+    report = audit_tasks(tasks, protocols=["original"], out_prefix=prefix, settings=settings)
+    assert all(a.resumed for a in report.tasks)
