@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import torch
 
@@ -38,28 +39,31 @@ def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
     return namespaces
 
 
-def rerandomized_state(model: torch.nn.Module, seed: int) -> dict:
+def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> dict:
     """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
 
     Signs follow the original (a positive-only tensor such as a variance stays positive); 0/1 buffers are masks,
-    structure rather than weights, and stay as they are.
+    structure rather than weights, and stay as they are. Statistics and draws are made on `draw_device` (default:
+    the CPU): a model with 10⁹ parameters takes seconds to draw on a CPU and milliseconds on a GPU, and the draws
+    depend on the device's generator, so processes that must agree pass the same one.
     """
+    draw_device = torch.device(draw_device or "cpu")
     state = {}
     for index, (name, value) in enumerate(model.state_dict().items()):
         if not value.is_floating_point() or value.numel() == 0:
             state[name] = value
             continue
-        original = value.detach().float().cpu()
+        original = value.detach().float().to(draw_device)
         if bool(((original == 0) | (original == 1)).all()) and not name.endswith(("weight", "bias")):
             state[name] = value
             continue
-        generator = torch.Generator().manual_seed(derive_seed(str(seed), "param", index, name))
+        generator = torch.Generator(device=draw_device).manual_seed(derive_seed(str(seed), "param", index, name))
         spread = float(original.std()) if original.numel() > 1 else 0.0
         scale = spread if spread > 0 else (float(original.abs().mean()) or 0.1)
         if bool((original > 0).all()):
-            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator))
+            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator, device=draw_device))
         else:
-            fresh = torch.randn(original.shape, generator=generator) * scale
+            fresh = torch.randn(original.shape, generator=generator, device=draw_device) * scale
         state[name] = fresh.to(dtype=value.dtype, device=value.device)
     return state
 
@@ -72,14 +76,17 @@ def _matches(target: torch.nn.Module, state: dict) -> bool:
 class weights_from:
     """While `cls` is being constructed, every parameter, buffer or submodule its `__init__` assigns takes the
     values `state` has for it at once, so what `__init__` derives from them afterwards (a pre-transposed copy, a
-    folded bias) is derived from the weights it will be checked with. `load_state_dict` still follows."""
+    folded bias, a constant folded into the parameter in place) is derived from the weights it will be checked
+    with. `delivered` names the state entries handed over this way; loading them again after `__init__` would
+    undo what `__init__` derived in place."""
 
     def __init__(self, state: dict, cls: type):
         self.state, self.cls = state, cls
+        self.delivered: set[str] = set()
         self._original = None
 
     def __enter__(self):
-        state, cls = self.state, self.cls
+        state, cls, delivered = self.state, self.cls, self.delivered
         original = self._original = torch.nn.Module.__setattr__
 
         def assign(module, name, value):
@@ -89,10 +96,11 @@ class weights_from:
             if isinstance(value, torch.nn.Module):
                 prefix = name + "."
                 own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-                _copy_matching(value, own)
+                delivered.update(prefix + key for key in _copy_matching(value, own))
             elif isinstance(value, torch.Tensor) and name in state and state[name].shape == value.shape:
                 with torch.no_grad():
                     value.copy_(state[name])
+                delivered.add(name)
 
         torch.nn.Module.__setattr__ = assign
         return self
@@ -102,21 +110,86 @@ class weights_from:
         return False
 
 
-def _copy_matching(module: torch.nn.Module, state: dict) -> None:
+def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
+                        default_state: Callable[[], dict] | None = None,
+                        reseed: Callable[[], None] | None = None) -> tuple[torch.nn.Module, str | None]:
+    """ModelNew built with the reference's weights: handed over as `__init__` assigns them, then the rest loaded.
+    Returns the model and how the weights reached it: "by_name" (the state_dicts match), "by_value" (other names,
+    but ModelNew's own initialisation under the shared seed equals Model's `default_state()` entry for entry, and
+    that equality says which entry is which), or None.
+
+    Without the match by value, renaming every parameter would keep re-randomised weights away from a kernel, and
+    with them the checks that catch one assuming the default initialisation (an affine left out, say)."""
+    handover = weights_from(state, ModelNew)
+    with handover:
+        candidate = ModelNew(*init_inputs)
+    if _matches(candidate, state):
+        # What __init__ received as it assigned it stays as __init__ left it (it may have folded a constant in).
+        candidate.load_state_dict({k: v for k, v in state.items() if k not in handover.delivered}, strict=False)
+        return candidate, "by_name"
+    if default_state is None or reseed is None:
+        return candidate, None
+    renamed = _state_by_value(candidate.state_dict(), state, default_state())
+    if renamed is None:
+        return candidate, None
+    reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
+    handover = weights_from(renamed, ModelNew)
+    with handover:
+        candidate = ModelNew(*init_inputs)
+    if not _matches(candidate, renamed):
+        return candidate, None
+    candidate.load_state_dict({k: v for k, v in renamed.items() if k not in handover.delivered}, strict=False)
+    return candidate, "by_value"
+
+
+def _state_by_value(own: dict, state: dict, default: dict) -> dict | None:
+    """`state` under the candidate's names. Each of its entries is paired with the one entry of Model's that has
+    its shape, dtype and, under the shared seed, its exact initial value (Model's default, or the value already
+    handed over where a name matched); None when an entry has no such partner or more than one (two BatchNorm
+    weights both initialised to ones, say), since a wrong pairing would fail an honest kernel."""
+    if len(own) != len(state) or set(state) != set(default):
+        return None
+    renamed, taken = {}, set()
+    for own_key, own_value in own.items():
+        initial = own_value.detach().to("cpu")
+        partners = [key for key, value in state.items()
+                    if value.shape == own_value.shape and value.dtype == own_value.dtype
+                    and (torch.equal(initial, default[key].detach().to("cpu"))
+                         or torch.equal(initial, value.detach().to("cpu")))]
+        if len(partners) != 1 or partners[0] in taken:
+            return None
+        taken.add(partners[0])
+        renamed[own_key] = state[partners[0]]
+    return renamed
+
+
+def in_protocol_mode(candidate: torch.nn.Module, train: bool) -> torch.nn.Module:
+    """A module is built in training mode, which is the mode KernelBench runs both models in; `.train(True)` would
+    also switch back any submodule the candidate put in eval mode itself (a BatchNorm on running statistics is
+    cheaper and wrong there). So only an eval-mode protocol changes the candidate's modes, all of them."""
+    return candidate if train else candidate.eval()
+
+
+def _copy_matching(module: torch.nn.Module, state: dict) -> list[str]:
     own = module.state_dict()
+    copied = []
     with torch.no_grad():
         for key, value in state.items():
             if key in own and own[key].shape == value.shape:
                 own[key].copy_(value)
+                copied.append(key)
+    return copied
 
 
-def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool):
+def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool, *, draw_device=None):
+    """Model built as KernelBench builds it (seeded, on the CPU), then on `device`. Re-randomised weights are
+    drawn on `draw_device` (default: `device`): every process that must agree on them draws on the same one."""
     set_seed(weight_seed)
     init_inputs = namespace["get_init_inputs"]()
-    model = namespace["Model"](*init_inputs)
+    model = namespace["Model"](*init_inputs).to(device)
     if weights == "rerandomized":
-        model.load_state_dict(rerandomized_state(model, weight_seed))
-    return model.to(device).train(train), init_inputs
+        model.load_state_dict(rerandomized_state(model, weight_seed, draw_device or device))
+    return model.train(train), init_inputs
 
 
 def set_inputs(namespace: dict, input_set: dict, device) -> list:
@@ -191,22 +264,28 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
     """The candidate model for one (shape, weights) pair, or a string saying why there is none."""
     try:
         reference, init_inputs = build_reference(namespace, input_set["weight_seed"], input_set["weights"],
-                                                 torch.device("cpu"), train)
-        set_seed(input_set["weight_seed"])
-        with weights_from(reference.state_dict(), ModelNew):
-            candidate = ModelNew(*namespace["get_init_inputs"]())
+                                                 torch.device("cpu"), train, draw_device=device)
+        seed = input_set["weight_seed"]
+
+        def default_state() -> dict:
+            if input_set["weights"] == "default":
+                return reference.state_dict()
+            return build_reference(namespace, seed, "default", torch.device("cpu"), train)[0].state_dict()
+
+        set_seed(seed)
+        candidate, how = construct_candidate(ModelNew, namespace["get_init_inputs"](), reference.state_dict(),
+                                             default_state=default_state, reseed=lambda: set_seed(seed))
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
-    state = reference.state_dict()
-    loaded = _matches(candidate, state)
-    if loaded:
-        candidate.load_state_dict(state)
-    elif input_set["weights"] == "rerandomized":
+    if how is None and input_set["weights"] == "rerandomized":
         record["warnings"].append("weights_not_rerandomized")
-        return "weights_not_rerandomized: ModelNew's state_dict keys or shapes differ from Model's"
-    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = loaded
+        return ("weights_not_rerandomized: ModelNew's state_dict matches Model's neither by name nor by value "
+                "(each entry equal to exactly one of Model's under the shared seed)")
+    if how == "by_value" and "weights_matched_by_value" not in record["warnings"]:
+        record["warnings"].append("weights_matched_by_value")
+    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = how
     try:
-        return candidate.to(device).train(train)
+        return in_protocol_mode(candidate.to(device), train)
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
 

@@ -158,7 +158,8 @@ def _dynamo_seed_wrapper(name: str, current, original) -> bool:
 
 # ---- tripwires: operations no kernel needs, refused in workers by an audit hook (which cannot be removed) ----
 
-_REFUSED_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook"})
+# Not sys.addaudithook: torch.compile's GPU stack installs one of its own, and a new hook cannot remove this one.
+_REFUSED_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
 _REFUSED_ATTRIBUTES = frozenset({"__code__"})  # torch itself sets __defaults__ while it loads
 refused: list[str] = []  # what was refused; the refusal itself is the defence, this is the evidence
 
@@ -168,13 +169,12 @@ def _tripwire(event: str, args: tuple) -> None:
                                     and args[1] in _REFUSED_ATTRIBUTES):
         what = event if event != "object.__setattr__" else f"setting a function's {args[1]}"
         refused.append(what)
-        # RuntimeError: CPython then also refuses to add another audit hook, silently
         raise RuntimeError(f"refused in a kbverify worker: {what}")
 
 
 def install_tripwires() -> None:
     """Profile and trace hooks (which run code at any call or return the harness makes), rewriting a function's
-    code in place (which keeps its identity, so identity checks miss it) and further audit hooks.
+    code in place (which keeps its identity, so identity checks miss it).
     Installed in each worker before it loads any task or submission code."""
     sys.addaudithook(_tripwire)
 

@@ -99,12 +99,16 @@ def score_rows(
 ) -> ScoreTable:
     """fast_p for each p, with a bootstrap CI over tasks, confident fast_p, the geomean speedup, and per level.
 
-    A task is excluded when `exclude` names it as given, by file name or stem, or as `level<L>/<stem>`.
+    A task is excluded when `exclude` names it as given, by file name or stem, as `level<L>/<stem>`, or by level
+    and problem id (`level2/80_Gemm_Max_Subtract_GELU` excludes a row of level 2 whose task name starts with `80_`:
+    published runs rename tasks, as CUDA-L1's `80_level2`). The table lists every excluded task.
     """
     excluded_names = {_strip_py(name) for name in exclude or ()}
+    excluded_ids = {key for key in map(_level_and_id, excluded_names) if key is not None}
     kept, excluded = [], set()
     for row in rows:
-        if _names(row) & excluded_names:
+        row_id = _level_and_id(f"level{row.level}/{Path(row.task).stem}") if row.level is not None else None
+        if _names(row) & excluded_names or (row_id is not None and row_id in excluded_ids):
             excluded.add(row.task)
         else:
             kept.append(row)
@@ -259,6 +263,15 @@ def _names(row: ScoreRow) -> set[str]:
     if row.level is not None:
         names.add(f"level{row.level}/{stem}")
     return names
+
+
+def _level_and_id(name: str) -> tuple[int, int] | None:
+    """(L, N) of "levelL/N_anything"; None for any other form."""
+    head, _, stem = name.rpartition("/")
+    number = stem.split("_", 1)[0]
+    if not head.startswith("level") or not head[5:].isdigit() or not number.isdigit() or "_" not in stem:
+        return None
+    return int(head[5:]), int(number)
 
 
 def _strip_py(name: str) -> str:

@@ -72,6 +72,7 @@ class Warn(str, enum.Enum):
     EXCESSIVE_SPEEDUP = "excessive_speedup"
     NAMESPACE_REBIND = "namespace_rebind"
     WEIGHTS_NOT_RERANDOMIZED = "weights_not_rerandomized"
+    WEIGHTS_MATCHED_BY_VALUE = "weights_matched_by_value"  # other parameter names, paired by equal initial values
     MODIFIED_REFERENCE = "modified_reference"
     THROTTLED = "throttled"
     SHAPE_SPECIALIZED = "shape_specialized"

@@ -63,6 +63,9 @@ def main() -> int:
     parser.add_argument("--per-gpu", type=int, default=1,
                         help="audits sharing each GPU (the audit checks values, not speed; only its launch-bound "
                              "timing flag is measured under the others' load, next to a launch floor measured alike)")
+    parser.add_argument("--retry-per-gpu", type=int, default=2,
+                        help="after the sharded pass, audit what failed (out of memory, mostly) again with this many "
+                             "copies per GPU; then the rest one at a time")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: copy K of N
     parser.add_argument("--claims", default=None, type=Path, help=argparse.SUPPRESS)  # the copies' shared claims
     args = parser.parse_args()
@@ -80,7 +83,10 @@ def main() -> int:
     started = time.monotonic()
     sharded = args.gpus * args.per_gpu > 1 and not args.shard  # then every result is in the merged partial file
     if sharded:
-        run_shards(args)
+        run_shards(args, args.per_gpu, fresh=args.fresh)
+        if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
+            # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
+            run_shards(args, args.retry_per_gpu, fresh=False)
     settings = AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
                              hidden_dirs=tuple(str(d) for d in args.hidden_tests))
     fresh_runs = []
@@ -132,13 +138,13 @@ def claimer(folder: Path, done_elsewhere: set[str]):
     return claim
 
 
-def run_shards(args) -> None:
+def run_shards(args, per_gpu: int, *, fresh: bool) -> None:
     """`per_gpu` copies of this script per GPU sharing one task list; their partial files merged into ours."""
     processes = []
-    shards = args.gpus * args.per_gpu
+    shards = args.gpus * per_gpu
     # Fresh claims for every invocation: a task claimed by a copy killed before it finished is free again.
     claims = Path(f"{args.out_prefix}.claims-{os.getpid()}-{time.time_ns()}")
-    if args.fresh:
+    if fresh:
         prefix = Path(args.out_prefix)
         for stale in [Path(f"{prefix}.partial.jsonl"), *prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")]:
             stale.unlink(missing_ok=True)

@@ -76,18 +76,21 @@ def builds_only(args, entries: list) -> dict:
     return result
 
 
-def evaluation_times(store_path: Path) -> dict:
-    """{submission sha256: {protocol: elapsed seconds}} from a finished rescore's store."""
+def evaluation_times(store_path: Path) -> tuple[dict, dict]:
+    """({submission sha256: {protocol: elapsed seconds}}, {sha256: extension built?}) from a finished rescore."""
     from kbverify.store import Store
 
     times: dict = {}
+    built: dict = {}
     with Store(store_path) as store:
         for _, verdict in store.verdicts():
             times.setdefault(verdict.submission_sha256, {})[verdict.protocol] = verdict.elapsed_s
-    return times
+            if verdict.build is not None and verdict.build.extension_built is not None:
+                built[verdict.submission_sha256] = verdict.build.extension_built
+    return times, built
 
 
-def print_split(entries: list, builds: dict, evaluation: dict) -> None:
+def print_split(entries: list, builds: dict, evaluation: dict, built: dict) -> None:
     protocols = sorted({p for per in evaluation.values() for p in per})
     rows = []
     for entry in entries:
@@ -96,17 +99,23 @@ def print_split(entries: list, builds: dict, evaluation: dict) -> None:
             continue
         cold = builds["cold"]["per_kernel"][sha]
         warm = builds["warm"]["per_kernel"][sha]
-        rows.append((entry.entry_id, cold, warm, [evaluation[sha].get(p) for p in protocols]))
+        rows.append((entry.entry_id, built.get(sha), cold, warm, [evaluation[sha].get(p) for p in protocols]))
     print(f"{len(rows)} kernels with both a timed build and stored verdicts; builds on {builds['workers']} workers")
     print("| kernel | native | build cold s | build warm s | " + " | ".join(f"{p} s" for p in protocols) + " |")
     print("|---|---|---|---|" + "---|" * len(protocols))
-    for name, cold, warm, evals in rows:
-        native = "no" if not cold["native"] else ("built" if cold["ok"] else "failed")
+    for name, extension_built, cold, warm, evals in rows:
+        # a submission may catch its failed build and fall back to PyTorch: the verdict knows which happened
+        native = "no" if not cold["native"] else {True: "built", False: "build failed"}.get(extension_built, "?")
         print(f"| {name} | {native} | {cold['seconds']:.1f} | {warm['seconds']:.1f} | "
               + " | ".join("–" if e is None else f"{e:.1f}" for e in evals) + " |")
     medians = [statistics.median(e[i] for *_, e in rows if e[i] is not None) for i in range(len(protocols))]
-    print(f"| median | | {statistics.median(c['seconds'] for _, c, _, _ in rows):.1f} | "
-          f"{statistics.median(w['seconds'] for _, _, w, _ in rows):.1f} | " + " | ".join(f"{m:.1f}" for m in medians) + " |")
+    print(f"| median | | {statistics.median(row[2]['seconds'] for row in rows):.1f} | "
+          f"{statistics.median(row[3]['seconds'] for row in rows):.1f} | " + " | ".join(f"{m:.1f}" for m in medians) + " |")
+    native = [row for row in rows if row[2]["native"]]
+    if native:
+        print(f"| median, native sources only ({len(native)}) | | "
+              f"{statistics.median(row[2]['seconds'] for row in native):.1f} | "
+              f"{statistics.median(row[3]['seconds'] for row in native):.1f} | |")
     evaluation_s = sum(e for *_, evals in rows for e in evals if e is not None)
     cold_s, warm_s = builds["cold"]["wall_s"] + evaluation_s, builds["warm"]["wall_s"] + evaluation_s
     print(f"prebuild wall: cold {builds['cold']['wall_s']:.1f} s, warm {builds['warm']['wall_s']:.1f} s "
@@ -175,7 +184,7 @@ def main() -> None:
     elif args.store:
         if args.builds_json is None:
             parser.error("--store needs --builds-json from a --builds-only run")
-        print_split(load(args), json.loads(args.builds_json.read_text()), evaluation_times(args.store))
+        print_split(load(args), json.loads(args.builds_json.read_text()), *evaluation_times(args.store))
     else:
         full(args)
 

@@ -347,3 +347,17 @@ def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
     assert all(line["raw"] is not None for line in lines)  # the result replaced the earlier error
     report = audit_tasks(tasks, protocols=["original"], out_prefix=prefix, settings=settings)
     assert all(a.resumed for a in report.tasks)
+
+
+def test_out_of_memory_is_an_error_to_rerun_never_an_invalid_set(tmp_path):
+    """Several audits sharing a GPU run it out of memory now and then: that says nothing about the task, so the
+    audit stops with an error (rerun later) instead of recording invalid sets or dead null kernels."""
+    crowded = _write(tmp_path, "level1/1_Crowded", _task(
+        "self, x: return x * 2 if float(x.abs().max()) < 2 else _oom()", "[torch.rand(8, 8)]",
+        constants="def _oom():\n    raise RuntimeError('CUDA out of memory. Tried to allocate 8.00 GiB')\n"))
+    report = audit_tasks([load_task(crowded)], protocols=PROTOCOLS, out_prefix=tmp_path / "run", settings=FAST)
+    (audit,) = report.tasks
+    assert not audit.degenerate and not audit.flags
+    assert audit.error and "out of memory, not evidence" in audit.error
+    line = json.loads((tmp_path / "run.partial.jsonl").read_text().splitlines()[0])
+    assert line["raw"] is None  # so a rerun audits it again

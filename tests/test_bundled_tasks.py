@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbverify.evaluate import weights_from
+from kbverify.evaluate import construct_candidate
 
 from kbverify.status import Status, Warn
 from kbverify.tasks import Task, execute_task, load_task, load_task_dir
@@ -281,6 +281,7 @@ def _patches_process_state(source: str) -> bool:
 def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = False, factor: float = 1.0):
     """Reference first, then the candidate on its own copy of the inputs, both with the same weights."""
     namespace, model = _instantiate(load_task(task_path))
+    default = {key: value.clone() for key, value in model.state_dict().items()}
     candidate_namespace = {"__name__": f"corpus_{submission.stem}"}
     exec(compile(submission.read_text(), str(submission), "exec"), candidate_namespace)  # noqa: S102
     if rerandomize:
@@ -291,11 +292,10 @@ def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = Fa
                     tensor.copy_(torch.randn(tensor.shape, generator=generator))
     torch.manual_seed(0)
     ModelNew = candidate_namespace["ModelNew"]
-    # as the verifier does: the weights reach ModelNew while it is built, so what __init__ derives from them agrees
-    with weights_from(model.state_dict(), ModelNew):
-        candidate = ModelNew(*namespace["get_init_inputs"]())
-    if rerandomize:
-        candidate.load_state_dict(model.state_dict())
+    # as the verifier builds it: the weights reach ModelNew while it is built, so what __init__ derives from them
+    # (in place or as a copy) agrees, and whatever __init__ did not receive is loaded afterwards
+    candidate = construct_candidate(ModelNew, namespace["get_init_inputs"](), model.state_dict(),
+                                    default_state=lambda: default, reseed=lambda: torch.manual_seed(0))[0]
     inputs = _scaled(_inputs(namespace), factor)
     expected = _forward(model, _clone(inputs))
     got = _forward(candidate, _clone(inputs))

@@ -91,6 +91,15 @@ def test_excluded_tasks_leave_the_denominator_and_are_listed():
     assert table.at(2).fast_p == 0.0
 
 
+def test_exclusion_by_level_and_problem_id_reaches_renamed_tasks():
+    """A published run names its tasks its own way (CUDA-L1: `80_level2`); the audit names KernelBench's files."""
+    rows = [ScoreRow("level2/80_level2@aa", 2, 0, True, 3.0), ScoreRow("level1/80_level1@bb", 1, 0, True, 3.0),
+            ScoreRow("level2/8_level2@cc", 2, 0, True, 3.0), ScoreRow("level2/800_level2@dd", 2, 0, False, None)]
+    table = score_rows(rows, ps=(1,), exclude={"level2/80_Gemm_Max_Subtract_GELU", "Degenerate_80"})
+    assert table.excluded == ("level2/80_level2@aa",)  # not level 1's problem 80, not 8, not 800
+    assert table.n_tasks == 3
+
+
 def _write_kernelbench_run(tmp_path):
     baseline = {
         "level1": {

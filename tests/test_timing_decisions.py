@@ -22,7 +22,7 @@ def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[d
 
 def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None) -> Verdict:
     interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": {"checked": 29},
-                   "gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
+                   "settle_gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
     clean = {"rounds": _rounds(clean_ms, clean_ms, seed=1)} if clean_ms else None
     return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
                    protocol="verified", protocol_sha256="0", status=Status.PASSED,

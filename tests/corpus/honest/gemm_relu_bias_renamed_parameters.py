@@ -1,7 +1,8 @@
 # kbverify-test: task=tasks/basic/level2/2_Gemm_ReLU_BiasAdd.py
 # expect: original=passed verified=passed
-# warn: verified=weights_not_rerandomized
-# why: honest, but its parameters have other names than Model's, so re-randomised weights cannot be loaded: a warning, not a failure (SPEC §2)
+# warn: verified=weights_matched_by_value
+# why: honest, its parameters named otherwise than Model's but drawn in the same order under the same seed: paired
+#   by their equal initial values, so it receives the re-randomised weights and is checked with them
 import torch
 import torch.nn as nn
 
