@@ -122,6 +122,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             select: Optional[Path] = typer.Option(None, "--select",
                                                   help="JSON subset file (kernels: [{level_id, task_id}])"),
             allow_mixed: bool = typer.Option(False, "--allow-mixed"),
+            exclude_degenerate: Optional[Path] = typer.Option(
+                None, "--exclude-degenerate", help="an audit JSON: its degenerate tasks leave the fast_p tables"),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
@@ -131,7 +133,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
                                samples=samples, report_dir=report_dir, device=_resolve_device(device),
                                hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
-                               allow_mixed=allow_mixed, show_progress=not json_out, select=select)
+                               allow_mixed=allow_mixed, show_progress=not json_out, select=select,
+                               exclude_path=exclude_degenerate)
     if json_out:
         _emit(summary)
     else:

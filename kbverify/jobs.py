@@ -67,7 +67,9 @@ def select_entries(entries: list, select: Path) -> list:
 def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
-                title: str | None = None, select: Path | None = None) -> dict:
+                title: str | None = None, select: Path | None = None, exclude_path: Path | None = None) -> dict:
+    """`exclude_path`: an audit whose degenerate tasks leave the printed fast_p tables (listed there); the store
+    and the reports keep every verdict."""
     from kbverify import present
     from kbverify.importers import load_entries
     from kbverify.rescore import plan_units, rescore
@@ -83,6 +85,11 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         entries = entries[:limit]
     if not entries:
         raise InputError(f"{source}: no entries to re-score")
+    exclude = None
+    if exclude_path is not None:  # read before hours of evaluation, so a bad path fails now
+        from kbverify.audit import load_exclusions
+
+        exclude = load_exclusions(exclude_path)
     _require_distinct_samples(entries)
     chosen = parse_protocols(protocols)
     if protocol_overrides:
@@ -102,7 +109,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         # This source's units only: a store may also hold other runs' verdicts.
         planned = {unit.key for unit in plan_units(entries, chosen)}
         verdicts = [v for key, v in store.verdicts() if key in planned]
-    tables = tables_by_protocol(verdicts, P_VALUES, samples)
+    tables = tables_by_protocol(verdicts, P_VALUES, samples, exclude)
     text = present.render_fast_p(tables, P_VALUES)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")

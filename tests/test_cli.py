@@ -300,3 +300,17 @@ def test_hidden_generate_writes_manifests_that_check_then_uses(tmp_path, fast_ve
                        "--hidden-tests", tmp_path / "hidden", "--device", "cpu", "--json")
     assert checked.returncode == 0, checked.stderr[-2000:]
     assert json.loads(checked.stdout)["verdicts"]["verified"]["hidden_shapes"] == "committed"
+
+
+def test_rescore_applies_an_audit_exclusion_list_and_names_what_it_left_out(store, tmp_path, fast_verified):
+    from kbverify.audit import FORMAT
+
+    audit = write(tmp_path / "audit.json", json.dumps({"format": FORMAT, "exclusions": [f"level1/{RELU.stem}"]}))
+    source = store.parent / "run.jsonl"
+    arguments = ("--store", store, "--protocol", f"original,{fast_verified}", "--device", "cpu")
+    result = kbverify("rescore", source, *arguments, "--exclude-degenerate", audit)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "0 evaluated now" in result.stdout  # everything resumed from the store
+    assert "excluded as degenerate" in result.stdout and RELU.stem in result.stdout
+    assert_input_error(kbverify("rescore", source, *arguments, "--exclude-degenerate", tmp_path / "none.json"),
+                       "none.json")
