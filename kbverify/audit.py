@@ -326,19 +326,26 @@ def _provenance(lines: list[dict]) -> dict:
 
 # ---- the partial file -------------------------------------------------------------------------------------
 
+def settings_fingerprint(*, protocols: Sequence[Protocol | str], device: str,
+                         settings: AuditSettings | None = None) -> str:
+    """What a partial file's lines must carry to be resumed by an audit with these settings."""
+    settings = settings or AuditSettings()
+    judged = _with_identity_variants(_resolve(protocols), settings.distributions)
+    return _settings_sha256(settings.worker_dict(), judged, device)
+
+
 def finished_keys(paths: Sequence[Path], *, protocols: Sequence[Protocol | str], device: str,
                   settings: AuditSettings | None = None) -> set[str]:
     """Keys of the tasks some partial file among `paths` already holds a result for, under these settings."""
-    settings = settings or AuditSettings()
-    fingerprint = _settings_sha256(settings.worker_dict(), _with_identity_variants(_resolve(protocols),
-                                                                                   settings.distributions), device)
+    fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     return {key for path in paths for key in _read_partial(Path(path), fingerprint)}
 
 
-def merge_partials(target: Path, sources: Sequence[Path]) -> int:
-    """Merge partial files into `target`, one line per task (a result beats an error; later beats earlier),
-    written atomically; the sources are removed once the merge is on disk. Returns the number of lines."""
-    best: dict[str, dict] = {}
+def merge_partials(target: Path, sources: Sequence[Path], fingerprint: str | None = None) -> int:
+    """Merge partial files into `target`, one line per task, written atomically; the sources are removed once the
+    merge is on disk. Returns the number of lines. A line of these settings (`fingerprint`) beats one of others, a
+    result beats an error, and between equals the later wins."""
+    best: dict[str, tuple[tuple[bool, bool], dict]] = {}
     for path in [target, *sources]:
         if not Path(path).exists():
             continue
@@ -349,10 +356,11 @@ def merge_partials(target: Path, sources: Sequence[Path]) -> int:
                 continue
             if not isinstance(line, dict) or "key" not in line:
                 continue
-            if line.get("raw") is not None or best.get(line["key"], {}).get("raw") is None:
-                best[line["key"]] = line
+            rank = (fingerprint is None or line.get("settings_sha256") == fingerprint, line.get("raw") is not None)
+            if line["key"] not in best or rank >= best[line["key"]][0]:
+                best[line["key"]] = (rank, line)
     _write_atomically(Path(target), "".join(json.dumps(line, default=_json_default, allow_nan=True) + "\n"
-                                            for line in best.values()))
+                                            for _, line in best.values()))
     for path in sources:
         Path(path).unlink(missing_ok=True)
     return len(best)

@@ -39,31 +39,36 @@ def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
     return namespaces
 
 
+DEVICE_DRAW_MIN_NUMEL = 1 << 26  # 64 M elements: a quarter of a second or more on a CPU
+
+
 def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> dict:
     """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
 
     Signs follow the original (a positive-only tensor such as a variance stays positive); 0/1 buffers are masks,
-    structure rather than weights, and stay as they are. Statistics and draws are made on `draw_device` (default:
-    the CPU): a model with 10⁹ parameters takes seconds to draw on a CPU and milliseconds on a GPU, and the draws
-    depend on the device's generator, so processes that must agree pass the same one.
+    structure rather than weights, and stay as they are. Tensors are drawn on the CPU, the same on every machine,
+    except those above DEVICE_DRAW_MIN_NUMEL elements, drawn on `draw_device` when given: 10⁹ parameters take
+    seconds on a CPU and milliseconds on a GPU, but a GPU's draws depend on its generator and launch shape, so
+    processes that must agree pass the same device, and such weights reproduce on that GPU model only.
     """
-    draw_device = torch.device(draw_device or "cpu")
     state = {}
     for index, (name, value) in enumerate(model.state_dict().items()):
         if not value.is_floating_point() or value.numel() == 0:
             state[name] = value
             continue
-        original = value.detach().float().to(draw_device)
+        large = draw_device is not None and value.numel() > DEVICE_DRAW_MIN_NUMEL
+        device = torch.device(draw_device) if large else torch.device("cpu")
+        original = value.detach().float().to(device)
         if bool(((original == 0) | (original == 1)).all()) and not name.endswith(("weight", "bias")):
             state[name] = value
             continue
-        generator = torch.Generator(device=draw_device).manual_seed(derive_seed(str(seed), "param", index, name))
+        generator = torch.Generator(device=device).manual_seed(derive_seed(str(seed), "param", index, name))
         spread = float(original.std()) if original.numel() > 1 else 0.0
         scale = spread if spread > 0 else (float(original.abs().mean()) or 0.1)
         if bool((original > 0).all()):
-            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator, device=draw_device))
+            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator, device=device))
         else:
-            fresh = torch.randn(original.shape, generator=generator, device=draw_device) * scale
+            fresh = torch.randn(original.shape, generator=generator, device=device) * scale
         state[name] = fresh.to(dtype=value.dtype, device=value.device)
     return state
 
@@ -116,30 +121,54 @@ def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
     """ModelNew built with the reference's weights: handed over as `__init__` assigns them, then the rest loaded.
     Returns the model and how the weights reached it: "by_name" (the state_dicts match), "by_value" (other names,
     but ModelNew's own initialisation under the shared seed equals Model's `default_state()` entry for entry, and
-    that equality says which entry is which), or None.
+    that equality says which entry is which), or None. `reseed()` restores the seed the first construction began
+    from; without it nothing is built twice.
 
     Without the match by value, renaming every parameter would keep re-randomised weights away from a kernel, and
     with them the checks that catch one assuming the default initialisation (an affine left out, say)."""
-    handover = weights_from(state, ModelNew)
-    with handover:
-        candidate = ModelNew(*init_inputs)
+    candidate, delivered = _built(ModelNew, init_inputs, state)
     if _matches(candidate, state):
-        # What __init__ received as it assigned it stays as __init__ left it (it may have folded a constant in).
-        candidate.load_state_dict({k: v for k, v in state.items() if k not in handover.delivered}, strict=False)
-        return candidate, "by_name"
+        return _load_rest(ModelNew, init_inputs, state, candidate, delivered, reseed), "by_name"
     if default_state is None or reseed is None:
         return candidate, None
     renamed = _state_by_value(candidate.state_dict(), state, default_state())
     if renamed is None:
         return candidate, None
     reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
-    handover = weights_from(renamed, ModelNew)
-    with handover:
-        candidate = ModelNew(*init_inputs)
+    candidate, delivered = _built(ModelNew, init_inputs, renamed)
     if not _matches(candidate, renamed):
         return candidate, None
-    candidate.load_state_dict({k: v for k, v in renamed.items() if k not in handover.delivered}, strict=False)
-    return candidate, "by_value"
+    return _load_rest(ModelNew, init_inputs, renamed, candidate, delivered, reseed), "by_value"
+
+
+def _built(ModelNew: type, init_inputs: list, state: dict) -> tuple[torch.nn.Module, set[str]]:
+    handover = weights_from(state, ModelNew)
+    with handover:
+        candidate = ModelNew(*init_inputs)
+    return candidate, handover.delivered
+
+
+def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.nn.Module, delivered: set[str],
+               reseed: Callable[[], None] | None) -> torch.nn.Module:
+    """Load what __init__ did not receive, and what it received but then replaced by something that does not
+    depend on it (`reset_parameters()`, an `nn.init` call). What it derived from what it received (a constant
+    folded in place, a normalised copy) stays: the two are told apart by building once more, from the same seed,
+    with other values handed over, and seeing which entries follow them."""
+    own = candidate.state_dict()
+    changed = [key for key in delivered if key in own
+               and not torch.equal(own[key], state[key].to(own[key].device, own[key].dtype))]
+    replaced = set()
+    if changed:
+        if reseed is None:
+            replaced = set(changed)  # cannot tell: the weights checked with win
+        else:
+            other = {key: value * 2 + 1 if value.is_floating_point() else value for key, value in state.items()}
+            reseed()  # afterwards the generator is where the first construction left it
+            probe = _built(ModelNew, init_inputs, other)[0].state_dict()
+            replaced = {key for key in changed if key in probe and torch.equal(probe[key], own[key])}
+    candidate.load_state_dict({key: value for key, value in state.items()
+                               if key not in delivered or key in replaced}, strict=False)
+    return candidate
 
 
 def _state_by_value(own: dict, state: dict, default: dict) -> dict | None:
@@ -272,9 +301,13 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
                 return reference.state_dict()
             return build_reference(namespace, seed, "default", torch.device("cpu"), train)[0].state_dict()
 
+        def reseed() -> None:  # the generator as it was when ModelNew was first called: seeded, init inputs drawn
+            set_seed(seed)
+            namespace["get_init_inputs"]()
+
         set_seed(seed)
         candidate, how = construct_candidate(ModelNew, namespace["get_init_inputs"](), reference.state_dict(),
-                                             default_state=default_state, reseed=lambda: set_seed(seed))
+                                             default_state=default_state, reseed=reseed)
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
     if how is None and input_set["weights"] == "rerandomized":

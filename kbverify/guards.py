@@ -158,13 +158,20 @@ def _dynamo_seed_wrapper(name: str, current, original) -> bool:
 
 # ---- tripwires: operations no kernel needs, refused in workers by an audit hook (which cannot be removed) ----
 
-# Not sys.addaudithook: torch.compile's GPU stack installs one of its own, and a new hook cannot remove this one.
 _REFUSED_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
 _REFUSED_ATTRIBUTES = frozenset({"__code__"})  # torch itself sets __defaults__ while it loads
 refused: list[str] = []  # what was refused; the refusal itself is the defence, this is the evidence
+# A further audit hook runs code at the harness's own audited calls (a listdir, an open), where it can read the
+# harness's frames; torch.compile's GPU stack adds one too, and works without it. So adding one fails quietly
+# (CPython drops the hook when an existing one raises RuntimeError) and is evidence, not a verdict.
+quietly_refused: list[str] = []
 
 
 def _tripwire(event: str, args: tuple) -> None:
+    if event == "sys.addaudithook":
+        if len(quietly_refused) < 10:
+            quietly_refused.append(event)
+        raise RuntimeError("refused in a kbverify worker: sys.addaudithook")
     if event in _REFUSED_EVENTS or (event == "object.__setattr__" and len(args) >= 2
                                     and args[1] in _REFUSED_ATTRIBUTES):
         what = event if event != "object.__setattr__" else f"setting a function's {args[1]}"
@@ -174,7 +181,7 @@ def _tripwire(event: str, args: tuple) -> None:
 
 def install_tripwires() -> None:
     """Profile and trace hooks (which run code at any call or return the harness makes), rewriting a function's
-    code in place (which keeps its identity, so identity checks miss it).
+    code in place (which keeps its identity, so identity checks miss it), and, quietly, further audit hooks.
     Installed in each worker before it loads any task or submission code."""
     sys.addaudithook(_tripwire)
 

@@ -427,6 +427,8 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
     protocol = context.protocol
     warnings = code_path_warnings(context.static, build)
     warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
+    if candidate.get("quietly_refused"):
+        warnings.append(Warn.AUDIT_HOOK_DROPPED.value)
     if protocol.guards and candidate.get("refused"):
         return _base_verdict(context, Status.EXPLOIT_TAMPER, build=build, warnings=tuple(warnings), sets=tuple(sets),
                              message="tried what a worker refuses: " + ", ".join(candidate["refused"]),

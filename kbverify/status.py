@@ -72,6 +72,7 @@ class Warn(str, enum.Enum):
     EXCESSIVE_SPEEDUP = "excessive_speedup"
     NAMESPACE_REBIND = "namespace_rebind"
     WEIGHTS_NOT_RERANDOMIZED = "weights_not_rerandomized"
+    AUDIT_HOOK_DROPPED = "audit_hook_dropped"  # it added an audit hook; workers drop those (torch.compile does)
     WEIGHTS_MATCHED_BY_VALUE = "weights_matched_by_value"  # other parameter names, paired by equal initial values
     MODIFIED_REFERENCE = "modified_reference"
     THROTTLED = "throttled"

@@ -10,6 +10,7 @@ baseline's flags and torch functions re-checked before every reference call.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import secrets
@@ -127,44 +128,66 @@ def _flush_buffer(device):
     return torch.empty(max(2 * l2_bytes, 64 << 20) // 4, dtype=torch.float32, device=device)
 
 
-def _timed_call(side: _Side, inputs: list, device, flush, projector, before_call=None):
+def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
     """One call: flush, events around the call, projection stream-ordered after it, then a device sync.
+    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, output, early projection).
 
     Every call starts from the same state: the device idle (whatever the side did after its previous call, a
     check that synchronised or a fill that did not), the harness's own host work done, then the flush enqueued
     just before the start event. The flush keeps the device busy while the host launches the call, so the
     launch overhead of the first kernel is hidden the same way for both sides; A/A on the H200 measured the
-    candidate side 3–6% slow on references under 0.1 ms when the sides differed in what was left queued."""
+    candidate side 3–6% slow on references under 0.1 ms when the sides differed in what was left queued.
+
+    Between the inputs' existence and the start event the harness does nothing a submission could hook: the
+    thread and mode counts come first, and the garbage collector (whose callbacks a submission may register) is
+    off until the clock runs."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if before_call is not None:
         before_call()
-    set_seed(derive_seed(side.secret, "rng", len(side.calls)))
     threads = guards.thread_count()
     modes = guards.mode_depths()
-    if flush is not None:
-        flush.zero_()
-    with torch.set_grad_enabled(side.grad):
-        if device.type == "cuda":
-            start, end, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-            start.record()
-            out = side.model(*inputs)
-            end.record()
-            early = projector(flatten_outputs(out))
-            projected.record()
-            torch.cuda.synchronize(device)
-            after_sync.record()
-            after_sync.synchronize()
-            elapsed = start.elapsed_time(end)
-            side.settle_gaps_ms.append(projected.elapsed_time(after_sync))
-        else:
-            started = time.perf_counter_ns()
-            out = side.model(*inputs)
-            elapsed = (time.perf_counter_ns() - started) / 1e6
-            early = projector(flatten_outputs(out))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        seed, inputs = draw()
+        set_seed(derive_seed(side.secret, "rng", len(side.calls)))
+        if flush is not None:
+            flush.zero_()
+        with torch.set_grad_enabled(side.grad):
+            if device.type == "cuda":
+                start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True)
+                                                                 for _ in range(5))
+                start.record()
+                _restore_gc(collecting)
+                out = side.model(*inputs)
+                end.record()
+                flat = flatten_outputs(out)  # may run the submission's code (a container's __iter__)
+                projecting.record()
+                early = projector(flat)
+                projected.record()
+                torch.cuda.synchronize(device)
+                after_sync.record()
+                after_sync.synchronize()
+                elapsed = start.elapsed_time(end)
+                # the device's time after the end event, less the projection's own kernels and launches
+                side.settle_gaps_ms.append(end.elapsed_time(projecting) + projected.elapsed_time(after_sync))
+            else:
+                _restore_gc(collecting)
+                started = time.perf_counter_ns()
+                out = side.model(*inputs)
+                elapsed = (time.perf_counter_ns() - started) / 1e6
+                early = projector(flatten_outputs(out))
+    finally:
+        _restore_gc(collecting)
     side.threads_started = max(side.threads_started, guards.thread_count() - threads)
     side.modes_left.update(guards.modes_left_active(modes))
-    return max(elapsed, EVENT_FLOOR_MS), out, early
+    return max(elapsed, EVENT_FLOOR_MS), seed, inputs, out, early
+
+
+def _restore_gc(collecting: bool) -> None:
+    if collecting:
+        gc.enable()
 
 
 def timing_job(payload: dict) -> dict:
@@ -205,8 +228,13 @@ def timing_job(payload: dict) -> dict:
         try:
             exec(compile_untrusted(payload["submission_source"]), cand_namespace)
             set_seed(weight_seed)
-            candidate = in_protocol_mode(construct_candidate(cand_namespace["ModelNew"], own_task["get_init_inputs"](),
-                                                             reference.state_dict())[0].to(device), train)
+            def reseed() -> None:
+                set_seed(weight_seed)
+                own_task["get_init_inputs"]()
+
+            built = construct_candidate(cand_namespace["ModelNew"], own_task["get_init_inputs"](),
+                                        reference.state_dict(), reseed=reseed)[0]
+            candidate = in_protocol_mode(built.to(device), train)
         except BaseException as error:  # noqa: BLE001
             return {**record, "load_error": short_error(error)}
     record["flags_changed_at_import"] = {key: value for key, value in tf32_state().items() if flags.get(key) != value}
@@ -241,9 +269,10 @@ def timing_job(payload: dict) -> dict:
                 side = sides[name]
                 announce("timing:reference" if name == "ref" else "candidate:timing")
                 for _ in range(CALLS_PER_SIDE):
-                    seed, inputs = side.inputs_for(len(side.calls))
-                    elapsed, out, early = _timed_call(side, inputs, device, flush, projector,
-                                                      reassert if name == "ref" else None)
+                    elapsed, seed, inputs, out, early = _timed_call(
+                        side, lambda side=side: side.inputs_for(len(side.calls)), device, flush, projector,
+                        reassert if name == "ref" else None)
+                    del inputs
                     round_times[name].append(elapsed)
                     side.calls.append({"seed": seed})
                     if name == "cand":
@@ -309,8 +338,8 @@ def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> No
         for name, side in sides.items():
             announce("timing:reference-warmup" if name == "ref" else "candidate:warmup")
             seed = derive_seed(side.secret, name, "warmup", calls)
-            inputs = draw_inputs(side.namespace, seed, device)
-            _timed_call(side, inputs, device, flush, projector, reassert if name == "ref" else None)
+            _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)), device,
+                        flush, projector, reassert if name == "ref" else None)
         calls += 1
         if calls >= 50:
             break

@@ -38,6 +38,8 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
 
         if guards.refused:
             result["refused"] = sorted(set(guards.refused))
+        if guards.quietly_refused:
+            result["quietly_refused"] = sorted(set(guards.quietly_refused))
     return result
 
 

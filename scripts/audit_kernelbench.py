@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify.audit import AuditSettings, audit_tasks, finished_keys, merge_partials  # noqa: E402
+from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_partials,  # noqa: E402
+                            settings_fingerprint)
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
@@ -87,8 +88,7 @@ def main() -> int:
         if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
             # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
             run_shards(args, args.retry_per_gpu, fresh=False)
-    settings = AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
-                             hidden_dirs=tuple(str(d) for d in args.hidden_tests))
+    settings = _settings(args)
     fresh_runs = []
 
     def progress(done: int, total: int, audit) -> None:
@@ -110,6 +110,11 @@ def main() -> int:
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
+
+
+def _settings(args) -> AuditSettings:
+    return AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
+                         hidden_dirs=tuple(str(d) for d in args.hidden_tests))
 
 
 def elsewhere(args, settings: AuditSettings) -> set[str]:
@@ -160,7 +165,11 @@ def run_shards(args, per_gpu: int, *, fresh: bool) -> None:
     log.info("shards finished with exit codes %s", codes)
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
-    lines = merge_partials(merged, [Path(f"{args.out_prefix}.shard{index}.partial.jsonl") for index in range(shards)])
+    prefix = Path(args.out_prefix)
+    # every copy's file, also those an earlier invocation with more copies left behind
+    lines = merge_partials(merged, sorted(prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")),
+                           settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
+                                                settings=_settings(args)))
     log.info("merged the copies' results: %d tasks in %s", lines, merged)
     shutil.rmtree(claims, ignore_errors=True)
 

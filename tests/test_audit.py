@@ -308,7 +308,7 @@ def test_committed_manifest_found_through_a_relative_path(monkeypatch):
 def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
     """Two auditors over one list: each task audited by exactly one of them; a later invocation skips what either
     finished; merging leaves one line per task and removes the copies' files."""
-    from kbverify.audit import finished_keys, merge_partials
+    from kbverify.audit import finished_keys, merge_partials, settings_fingerprint
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
@@ -340,11 +340,15 @@ def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
 
     merged = Path(f"{prefix}.partial.jsonl")
     merged.write_text(json.dumps({"key": tasks[0].key, "raw": None, "error": "timeout"}) + "\n")  # an earlier failure
-    assert merge_partials(merged, shards) == 2
+    with open(shards[1], "a") as handle:  # a later line from a run with other settings must not win
+        handle.write(json.dumps({"key": tasks[1].key, "raw": {"stale": True}, "settings_sha256": "other"}) + "\n")
+    fingerprint = settings_fingerprint(protocols=["original"], device="cpu", settings=settings)
+    assert merge_partials(merged, shards, fingerprint) == 2
     assert not any(path.exists() for path in shards)
     lines = [json.loads(line) for line in merged.read_text().splitlines()]
     assert sorted(line["key"] for line in lines) == sorted(t.key for t in tasks)
     assert all(line["raw"] is not None for line in lines)  # the result replaced the earlier error
+    assert all(line["settings_sha256"] == fingerprint for line in lines)
     report = audit_tasks(tasks, protocols=["original"], out_prefix=prefix, settings=settings)
     assert all(a.resumed for a in report.tasks)
 

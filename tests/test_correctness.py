@@ -125,3 +125,11 @@ def test_an_honest_reordering_near_a_busy_reference_passes_and_a_sloppy_kernel_d
     assert judge_set(sloppy, None, VERIFIED, reference_error)[0] == "incorrect"
     exact_reference = {"outputs": [_part(0.05, 1e-9)]}  # a reference far from the limit grants nothing
     assert judge_set(honest, None, VERIFIED, exact_reference)[0] == "incorrect"
+
+
+def test_low_precision_candidates_of_every_float_dtype_are_compared():
+    """torch has no isfinite for some float8 types: the comparison must work in float64 all the same."""
+    reference = torch.linspace(-3, 3, 1000)
+    for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        (part,) = summarize(reference, reference.to(dtype))["outputs"]
+        assert 0 < part["norm_rel"] < 0.1 and part["nonfinite_mismatch"] == 0, dtype

@@ -1,7 +1,9 @@
 # kbverify-test: task=tasks/basic/level1/1_ReLU.py
 # expect: original=passed verified=passed
-# why: torch.compile's GPU stack (torch 2.11 with Triton) installs an audit hook of its own; an added hook cannot
-#   remove the harness's, so adding one is no tamper. Here the submission's own import-time code stands in for it.
+# warn: verified=audit_hook_dropped
+# why: torch.compile's GPU stack (torch 2.11 with Triton) installs an audit hook of its own and works without it:
+#   workers drop a further hook quietly (it could watch the harness's audited calls) and that is no tamper. Here
+#   the submission's own import-time code stands in for the library.
 import sys
 
 import torch
