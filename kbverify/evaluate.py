@@ -83,7 +83,8 @@ class weights_from:
     values `state` has for it at once, so what `__init__` derives from them afterwards (a pre-transposed copy, a
     folded bias, a constant folded into the parameter in place) is derived from the weights it will be checked
     with. `delivered` names the state entries handed over this way; loading them again after `__init__` would
-    undo what `__init__` derived in place."""
+    undo what `__init__` derived in place. Only a name's first assignment is handed over: a second one
+    (`self.weight = nn.Parameter(self.weight.t().contiguous())`) is already derived from the first."""
 
     def __init__(self, state: dict, cls: type):
         self.state, self.cls = state, cls
@@ -93,11 +94,14 @@ class weights_from:
     def __enter__(self):
         state, cls, delivered = self.state, self.cls, self.delivered
         original = self._original = torch.nn.Module.__setattr__
+        assigned: set[str] = set()
 
         def assign(module, name, value):
             original(module, name, value)
-            if type(module) is not cls:
+            if type(module) is not cls or name in assigned:
                 return
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                assigned.add(name)
             if isinstance(value, torch.nn.Module):
                 prefix = name + "."
                 own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -117,12 +121,13 @@ class weights_from:
 
 def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
                         default_state: Callable[[], dict] | None = None,
-                        reseed: Callable[[], None] | None = None) -> tuple[torch.nn.Module, str | None]:
+                        reseed: Callable[[], list] | None = None) -> tuple[torch.nn.Module, str | None]:
     """ModelNew built with the reference's weights: handed over as `__init__` assigns them, then the rest loaded.
     Returns the model and how the weights reached it: "by_name" (the state_dicts match), "by_value" (other names,
     but ModelNew's own initialisation under the shared seed equals Model's `default_state()` entry for entry, and
-    that equality says which entry is which), or None. `reseed()` restores the seed the first construction began
-    from; without it nothing is built twice.
+    that equality says which entry is which), or None. `reseed()` puts the generators back where they were when
+    `init_inputs` had just been made and returns a fresh copy of them (an `__init__` may consume its arguments);
+    without it nothing is built twice.
 
     Without the match by value, renaming every parameter would keep re-randomised weights away from a kernel, and
     with them the checks that catch one assuming the default initialisation (an affine left out, say)."""
@@ -134,7 +139,7 @@ def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
     renamed = _state_by_value(candidate.state_dict(), state, default_state())
     if renamed is None:
         return candidate, None
-    reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
+    init_inputs = reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
     candidate, delivered = _built(ModelNew, init_inputs, renamed)
     if not _matches(candidate, renamed):
         return candidate, None
@@ -149,7 +154,7 @@ def _built(ModelNew: type, init_inputs: list, state: dict) -> tuple[torch.nn.Mod
 
 
 def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.nn.Module, delivered: set[str],
-               reseed: Callable[[], None] | None) -> torch.nn.Module:
+               reseed: Callable[[], list] | None) -> torch.nn.Module:
     """Load what __init__ did not receive, and what it received but then replaced by something that does not
     depend on it (`reset_parameters()`, an `nn.init` call). What it derived from what it received (a constant
     folded in place, a normalised copy) stays: the two are told apart by building once more, from the same seed,
@@ -162,13 +167,29 @@ def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.
         if reseed is None:
             replaced = set(changed)  # cannot tell: the weights checked with win
         else:
-            other = {key: value * 2 + 1 if value.is_floating_point() else value for key, value in state.items()}
-            reseed()  # afterwards the generator is where the first construction left it
-            probe = _built(ModelNew, init_inputs, other)[0].state_dict()
-            replaced = {key for key in changed if key in probe and torch.equal(probe[key], own[key])}
+            other = {key: _perturbed(value) for key, value in state.items()}
+            try:
+                probe = _built(ModelNew, reseed(), other)[0].state_dict()
+                replaced = {key for key in changed if key in probe and torch.equal(probe[key], own[key])}
+            except Exception:  # noqa: BLE001 - the probe's values broke __init__: keep what it derived
+                replaced = set()
+            # the kept model is the last one built: module-level state and the generators are its own
+            candidate, delivered = _built(ModelNew, reseed(), state)
     candidate.load_state_dict({key: value for key, value in state.items()
                                if key not in delivered or key in replaced}, strict=False)
     return candidate
+
+
+def _perturbed(value):
+    """Other values of the same kind for the probe construction: shifted by one place (so a clamp, a sign or an
+    all-equal tensor still sees a change) and, for floating tensors, mapped through -2x-1 in float32 (float8 has
+    no arithmetic of its own)."""
+    if not isinstance(value, torch.Tensor) or value.numel() < 2 and not value.is_floating_point():
+        return value
+    rolled = value.flatten().roll(1).view_as(value)
+    if value.is_floating_point():
+        return (-2 * rolled.float() - 1).to(value.dtype)
+    return rolled
 
 
 def _state_by_value(own: dict, state: dict, default: dict) -> dict | None:
@@ -301,9 +322,9 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
                 return reference.state_dict()
             return build_reference(namespace, seed, "default", torch.device("cpu"), train)[0].state_dict()
 
-        def reseed() -> None:  # the generator as it was when ModelNew was first called: seeded, init inputs drawn
+        def reseed() -> list:  # the generator as it was when ModelNew was first called: seeded, init inputs drawn
             set_seed(seed)
-            namespace["get_init_inputs"]()
+            return namespace["get_init_inputs"]()
 
         set_seed(seed)
         candidate, how = construct_candidate(ModelNew, namespace["get_init_inputs"](), reference.state_dict(),

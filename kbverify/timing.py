@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import secrets
 import time
 
 import torch
@@ -28,6 +27,16 @@ from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device
 
 EVENT_FLOOR_MS = 0.0005
 CALLS_PER_SIDE = 3
+# Captured when the worker loads, before any submission: `secrets.randbits`, `os.urandom` and `random.Random` are
+# module attributes a submission could replace to make the timed inputs or the round order predictable.
+_URANDOM = os.urandom
+_RANDOM = random.Random
+
+
+def _random_bits(bits: int) -> int:
+    return int.from_bytes(_URANDOM((bits + 7) // 8), "little") & ((1 << bits) - 1)
+
+
 MAX_ROUNDS = 2000
 STALE_CHECKS = 24
 KEEP_LAST = 4
@@ -55,13 +64,13 @@ class _Side:
         self.kept[call_index] = projections
         reservoir = [i for i in sorted(self.kept) if i not in recent and i != call_index]
         if len(reservoir) > STALE_CHECKS:
-            drop = reservoir[secrets.randbelow(len(reservoir))]
+            drop = reservoir[_random_bits(64) % len(reservoir)]
             del self.kept[drop]
 
     def inputs_for(self, call_index: int) -> tuple[int, list]:
-        seed = secrets.randbits(32)  # drawn now: no secret in this process predicts the next call's inputs
+        seed = _random_bits(32)  # drawn now: no secret in this process predicts the next call's inputs
         fresh = draw_inputs(self.namespace, seed, self.device)
-        reuse = self.previous_inputs is not None and secrets.randbits(1) == 1
+        reuse = self.previous_inputs is not None and _random_bits(1) == 1
         if reuse and _same_layout(self.previous_inputs, fresh):
             for old, new in zip(self.previous_inputs, fresh):
                 if isinstance(old, torch.Tensor):
@@ -139,8 +148,9 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
     candidate side 3–6% slow on references under 0.1 ms when the sides differed in what was left queued.
 
     Between the inputs' existence and the start event the harness does nothing a submission could hook: the
-    thread and mode counts come first, and the garbage collector (whose callbacks a submission may register) is
-    off until the clock runs."""
+    thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
+    inside the reference's timed call, say), is off from the draw until the call is over, for both sides, as
+    `timeit` does."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if before_call is not None:
@@ -159,7 +169,6 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
                 start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True)
                                                                  for _ in range(5))
                 start.record()
-                _restore_gc(collecting)
                 out = side.model(*inputs)
                 end.record()
                 flat = flatten_outputs(out)  # may run the submission's code (a container's __iter__)
@@ -173,7 +182,6 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
                 # the device's time after the end event, less the projection's own kernels and launches
                 side.settle_gaps_ms.append(end.elapsed_time(projecting) + projected.elapsed_time(after_sync))
             else:
-                _restore_gc(collecting)
                 started = time.perf_counter_ns()
                 out = side.model(*inputs)
                 elapsed = (time.perf_counter_ns() - started) / 1e6
@@ -228,9 +236,9 @@ def timing_job(payload: dict) -> dict:
         try:
             exec(compile_untrusted(payload["submission_source"]), cand_namespace)
             set_seed(weight_seed)
-            def reseed() -> None:
+            def reseed() -> list:
                 set_seed(weight_seed)
-                own_task["get_init_inputs"]()
+                return own_task["get_init_inputs"]()
 
             built = construct_candidate(cand_namespace["ModelNew"], own_task["get_init_inputs"](),
                                         reference.state_dict(), reseed=reseed)[0]
@@ -258,7 +266,7 @@ def timing_job(payload: dict) -> dict:
     try:
         _warm_up(sides, device, flush, projector, reassert, seconds=float(payload.get("warmup_s", 0.2)))
         announce("timing:rounds")
-        order_rng = random.Random(derive_seed(secret, "order"))
+        order_rng = _RANDOM(derive_seed(secret, "order"))
         started = time.monotonic()
         pending: list = []
         rounds: list = []

@@ -17,6 +17,7 @@ reference/verified_and_hacks.md) and the total wall time go to stdout at the end
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import logging
 import os
@@ -99,10 +100,10 @@ def main() -> int:
         log.info("%d/%d done, %.0f s elapsed, about %.0f min left", done, total, elapsed,
                  rate * (total - done) / 60 if fresh_runs else 0.0)
 
+    claim = claimer(args.claims, elsewhere(args, settings)) if args.claims else None
     report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
                          out_prefix=args.out_prefix, resume=sharded or not args.fresh, progress=progress,
-                         settings=settings, claim=claimer(args.claims, elsewhere(args, settings)) if args.claims else None,
-                         title="KernelBench levels " + args.levels)
+                         settings=settings, claim=claim, title="KernelBench levels " + args.levels)
     wall_s = time.monotonic() - started
     if args.shard:
         return 0
@@ -117,10 +118,15 @@ def _settings(args) -> AuditSettings:
                          hidden_dirs=tuple(str(d) for d in args.hidden_tests))
 
 
+def _shard_files(prefix: Path) -> list[Path]:
+    """Every copy's partial file under `prefix`, also those an earlier invocation with more copies left."""
+    return sorted(prefix.parent.glob(f"{glob.escape(prefix.name)}.shard*.partial.jsonl"))
+
+
 def elsewhere(args, settings: AuditSettings) -> set[str]:
     """Tasks whose results an earlier invocation left in another copy's partial file or in the merged one."""
     prefix = Path(str(args.out_prefix).rsplit(".shard", 1)[0])
-    paths = [Path(f"{prefix}.partial.jsonl"), *prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")]
+    paths = [Path(f"{prefix}.partial.jsonl"), *_shard_files(prefix)]
     own = Path(f"{args.out_prefix}.partial.jsonl")
     return finished_keys([p for p in paths if p != own], protocols=parse_protocols(args.protocol),
                          device=args.device, settings=settings)
@@ -151,7 +157,7 @@ def run_shards(args, per_gpu: int, *, fresh: bool) -> None:
     claims = Path(f"{args.out_prefix}.claims-{os.getpid()}-{time.time_ns()}")
     if fresh:
         prefix = Path(args.out_prefix)
-        for stale in [Path(f"{prefix}.partial.jsonl"), *prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")]:
+        for stale in [Path(f"{prefix}.partial.jsonl"), *_shard_files(prefix)]:
             stale.unlink(missing_ok=True)
     for index in range(shards):
         device = f"cuda:{index % args.gpus}" if args.device.startswith("cuda") else args.device
@@ -166,8 +172,7 @@ def run_shards(args, per_gpu: int, *, fresh: bool) -> None:
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
     prefix = Path(args.out_prefix)
-    # every copy's file, also those an earlier invocation with more copies left behind
-    lines = merge_partials(merged, sorted(prefix.parent.glob(f"{prefix.name}.shard*.partial.jsonl")),
+    lines = merge_partials(merged, _shard_files(prefix),
                            settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
                                                 settings=_settings(args)))
     log.info("merged the copies' results: %d tasks in %s", lines, merged)

@@ -295,7 +295,8 @@ def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = Fa
     # as the verifier builds it: the weights reach ModelNew while it is built, so what __init__ derives from them
     # (in place or as a copy) agrees, and whatever __init__ did not receive is loaded afterwards
     candidate = construct_candidate(ModelNew, namespace["get_init_inputs"](), model.state_dict(),
-                                    default_state=lambda: default, reseed=lambda: torch.manual_seed(0))[0]
+                                    default_state=lambda: default,
+                                    reseed=lambda: (torch.manual_seed(0), namespace["get_init_inputs"]())[1])[0]
     inputs = _scaled(_inputs(namespace), factor)
     expected = _forward(model, _clone(inputs))
     got = _forward(candidate, _clone(inputs))
