@@ -332,6 +332,16 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
     if how is None and input_set["weights"] == "rerandomized":
+        try:  # would it pair when handed the default weights?
+            layout_changed = construct_candidate(ModelNew, reseed(), default_state(), default_state=default_state,
+                                                 reseed=reseed)[1] is not None
+        except BaseException:  # noqa: BLE001 - then it does not pair either way
+            layout_changed = False
+        if layout_changed:
+            # Its parameters pair with Model's when handed the default weights and not when handed others: a
+            # layout that depends on the values it receives is how a kernel would dodge the re-randomised sets.
+            return ("weights_layout_changed: ModelNew's state_dict pairs with Model's for the default weights but "
+                    "not for re-randomised ones")
         record["warnings"].append("weights_not_rerandomized")
         return ("weights_not_rerandomized: ModelNew's state_dict matches Model's neither by name nor by value "
                 "(each entry equal to exactly one of Model's under the shared seed)")

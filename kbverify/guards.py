@@ -68,7 +68,28 @@ def snapshot_sensitive() -> dict[str, object]:
                         for key, member in vars(value).items():
                             snapshot[f"{module_name}.{attr}.{key}"] = _parts(member)
     snapshot["sys.profile"] = (sys.getprofile(), sys.gettrace())
+    for name, read in _PROCESS_STATE.items():
+        snapshot[f"state:{name}"] = read()
     return snapshot
+
+
+def _global_module_hooks() -> tuple:
+    """torch's process-wide module hooks (a forward pre-hook registered at import runs inside every reference call
+    without replacing any function): each registry's hooks by identity."""
+    from torch.nn.modules import module
+
+    return tuple((name, tuple(getattr(module, name).values())) for name in sorted(vars(module))
+                 if name.startswith("_global_") and name.endswith("hooks") and isinstance(getattr(module, name), dict))
+
+
+# Process state the reference's inputs and timing depend on, captured before any submission and compared after.
+_PROCESS_STATE = {
+    "torch.get_default_dtype": torch.get_default_dtype,  # the task's torch.rand draws follow it
+    "torch.get_default_device": lambda: str(torch.get_default_device()) if hasattr(torch, "get_default_device")
+    else None,
+    "torch.nn.modules.module global hooks": _global_module_hooks,
+    "sys.getswitchinterval": sys.getswitchinterval,  # how long a spinning thread may hold the GIL
+}
 
 
 def _parts(obj) -> tuple:
@@ -97,6 +118,10 @@ def tampered(snapshot: dict[str, object]) -> list[str]:
             if (sys.getprofile(), sys.gettrace()) != original:
                 changed.append(dotted)
             continue
+        if name.startswith("state:"):
+            if not _same_state(_PROCESS_STATE[name[len("state:"):]](), original):
+                changed.append(name[len("state:"):])
+            continue
         try:
             current = _resolve(dotted)
         except (AttributeError, KeyError):
@@ -108,6 +133,14 @@ def tampered(snapshot: dict[str, object]) -> list[str]:
         elif not _same(_parts(current), original) and not _dynamo_seed_wrapper(dotted, current, original[0]):
             changed.append(dotted)
     return sorted(changed)
+
+
+def _same_state(current, original) -> bool:
+    if isinstance(current, tuple) and isinstance(original, tuple):  # hook registries: compare hooks by identity
+        return len(current) == len(original) and all(
+            a[0] == b[0] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1]))
+            for a, b in zip(current, original))
+    return current == original
 
 
 def _resolve(dotted: str):

@@ -381,6 +381,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         reason = cand["skipped"]
         if reason.startswith("construct_error"):
             return Status.RUNTIME_ERROR, reason
+        if reason.startswith("weights_layout_changed"):
+            return Status.INCORRECT, reason
         if reason.startswith("weights_not_rerandomized"):
             return Status.PASSED, "not counted: " + reason  # the verdict carries the warning (SPEC §2)
         return Status.UNVERIFIABLE, reason
