@@ -230,7 +230,7 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     protocols = _resolve(protocols)
     judged = _with_identity_variants(protocols, settings.distributions)
     worker_settings = settings.worker_dict()
-    fingerprint = _settings_sha256(worker_settings, judged, device)
+    fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
     done = _read_partial(partial, fingerprint) if (partial is not None and resume) else {}
     if partial is not None:
@@ -347,15 +347,7 @@ def merge_partials(target: Path, sources: Sequence[Path], fingerprint: str | Non
     result beats an error, and between equals the later wins."""
     best: dict[str, tuple[tuple[bool, bool], dict]] = {}
     for path in [target, *sources]:
-        if not Path(path).exists():
-            continue
-        for text in Path(path).read_text().splitlines():
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(line, dict) or "key" not in line:
-                continue
+        for line in _partial_lines(Path(path)):
             rank = (fingerprint is None or line.get("settings_sha256") == fingerprint, line.get("raw") is not None)
             if line["key"] not in best or rank >= best[line["key"]][0]:
                 best[line["key"]] = (rank, line)
@@ -369,17 +361,23 @@ def merge_partials(target: Path, sources: Sequence[Path], fingerprint: str | Non
 def _read_partial(path: Path | None, fingerprint: str) -> dict[str, dict]:
     """Finished tasks by key. A line cut short by a kill, one from other settings, or one that errored is
     ignored (the task runs again)."""
-    if path is None or not path.exists():
+    if path is None:
         return {}
-    done = {}
+    return {line["key"]: line for line in _partial_lines(path)
+            if line.get("settings_sha256") == fingerprint and line.get("raw") is not None}
+
+
+def _partial_lines(path: Path):
+    """Every whole line of a partial file that names its task; a line cut short by a kill is skipped."""
+    if not path.exists():
+        return
     for text in path.read_text().splitlines():
         try:
             line = json.loads(text)
         except json.JSONDecodeError:
             continue
-        if isinstance(line, dict) and line.get("settings_sha256") == fingerprint and line.get("raw") is not None:
-            done[line["key"]] = line
-    return done
+        if isinstance(line, dict) and "key" in line:
+            yield line
 
 
 def _append_line(path: Path, line: dict) -> None:
