@@ -53,8 +53,11 @@ class _Side:
         self.calls: list[dict] = []
         self.previous_inputs: list | None = None
         self.threads_started = 0
+        self.host_ms: list[float] = []  # hold → end event on the host: what the device-side hold has to cover
+        self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
         self.kept: dict[int, list] = {}  # call index → its projections: a uniform reservoir plus the last calls
+        self.own_storages = _own_storages(model) if isinstance(model, torch.nn.Module) else frozenset()
         self._seen = 0
 
     def keep(self, call_index: int, projections: list) -> None:
@@ -69,15 +72,28 @@ class _Side:
 
     def inputs_for(self, call_index: int) -> tuple[int, list]:
         seed = _random_bits(32)  # drawn now: no secret in this process predicts the next call's inputs
-        fresh = draw_inputs(self.namespace, seed, self.device)
-        reuse = self.previous_inputs is not None and _random_bits(1) == 1
-        if reuse and _same_layout(self.previous_inputs, fresh):
-            for old, new in zip(self.previous_inputs, fresh):
-                if isinstance(old, torch.Tensor):
-                    old.copy_(new)
-            fresh = self.previous_inputs
-        self.previous_inputs = fresh
-        return seed, fresh
+        return seed, draw_inputs(self.namespace, seed, self.device)
+
+    def place(self, staged: list) -> list:
+        """The call's own input tensors, filled from a finished draw by copies enqueued now (after the hold):
+        a kernel that starts on another stream without waiting reads the last call's values. Half the time the
+        previous call's tensors are refilled, which defeats caches keyed on a tensor's address."""
+        previous = self.previous_inputs
+        if previous is not None and _random_bits(1) == 1 and _same_layout(previous, staged):
+            targets = previous
+        else:
+            self.previous_inputs = previous = None  # freed first: at most two copies of the inputs exist at once
+            targets = [torch.empty_like(value) if _refillable(value) else value for value in staged]
+        for target, value in zip(targets, staged):
+            if isinstance(value, torch.Tensor) and target is not value:
+                target.copy_(value)
+        self.previous_inputs = targets
+        return targets
+
+
+def _refillable(value) -> bool:
+    # a tensor whose layout empty_like reproduces; anything else goes to the call as it was drawn
+    return isinstance(value, torch.Tensor) and value.is_contiguous() and not value.requires_grad
 
 
 def _same_layout(a: list, b: list) -> bool:
@@ -137,21 +153,70 @@ def _flush_buffer(device):
     return torch.empty(max(2 * l2_bytes, 64 << 20) // 4, dtype=torch.float32, device=device)
 
 
-def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
+class _Cover:
+    """A device-side wait enqueued before each call's inputs, flush and launches.
+
+    Its length follows the host's recent work per call (both sides alike, a margin over the slowest of the
+    last calls), floored so the flush and a short call are always behind it and capped so a host-bound call
+    cannot stretch a round without limit: beyond the cap the host's excess shows in the time, for either side.
+    """
+
+    FLOOR_MS = 0.05
+    CAP_MS = 20.0
+    MARGIN = 1.5
+    WINDOW = 32
+
+    def __init__(self, device):
+        self.device = device
+        self.recent_ms: list[float] = []
+        self.cycles_per_ms = self._calibrate()
+
+    def _calibrate(self) -> float:
+        cycles = 1_000_000
+        rates = []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / max(start.elapsed_time(end), 1e-3))
+        return max(rates[1:])  # the fastest clock seen: the hold is at least as long as asked
+
+    @property
+    def length_ms(self) -> float:
+        slowest = max(self.recent_ms, default=0.0)
+        return min(max(self.MARGIN * slowest, self.FLOOR_MS), self.CAP_MS)
+
+    def hold(self) -> None:
+        torch.cuda._sleep(int(self.length_ms * self.cycles_per_ms))
+
+    def observe(self, host_ms: float) -> int:
+        """Remember a call's host time; 1 when it outlasted the hold it had, else 0."""
+        outlasted = int(host_ms > self.length_ms)
+        self.recent_ms.append(host_ms)
+        del self.recent_ms[:-self.WINDOW]
+        return outlasted
+
+
+def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, cover=None):
     """One call: flush, events around the call, projection stream-ordered after it, then a device sync.
     `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, output, early projection).
 
-    Every call starts from the same state: the device idle (whatever the side did after its previous call, a
-    check that synchronised or a fill that did not), the harness's own host work done, then the flush enqueued
-    just before the start event. The flush keeps the device busy while the host launches the call, so the
-    launch overhead of the first kernel is hidden the same way for both sides; A/A on the H200 measured the
-    candidate side 3–6% slow on references under 0.1 ms when the sides differed in what was left queued.
+    Every call starts from an idle device. On a GPU the stream is then held by a device-side wait (`cover`) long
+    enough for the host to draw the inputs, enqueue the flush and launch the whole call behind it, so the events
+    time the device's work and not the host's launch overhead. Without the hold the first launch raced the
+    flush: a sub-0.1 ms call measured 5–30 µs of host time or none, depending on what the host had done just
+    before, and an A/A measured on the H200 came out 3–13% off. The inputs are drawn before the hold (a draw
+    made on the host may block on the stream) and copied into the call's own tensors behind it: a kernel that
+    skips the stream order and starts on another stream at once reads the previous call's values.
 
     Between the inputs' existence and the start event the harness does nothing a submission could hook: the
     thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
     inside the reference's timed call, say), is off from the draw until the call is over, for both sides, as
     `timeit` does."""
     if device.type == "cuda":
+        start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(5))
         torch.cuda.synchronize(device)
     if before_call is not None:
         before_call()
@@ -160,17 +225,24 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        seed, inputs = draw()
+        seed, staged = draw()
+        host_started = time.perf_counter_ns()
+        if cover is not None:
+            cover.hold()
+        inputs = side.place(staged)
+        del staged
         set_seed(derive_seed(side.secret, "rng", len(side.calls)))
         if flush is not None:
             flush.zero_()
         with torch.set_grad_enabled(side.grad):
             if device.type == "cuda":
-                start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True)
-                                                                 for _ in range(5))
                 start.record()
                 out = side.model(*inputs)
                 end.record()
+                host_ms = (time.perf_counter_ns() - host_started) / 1e6
+                side.host_ms.append(host_ms)
+                if cover is not None:
+                    side.uncovered += cover.observe(host_ms)
                 flat = flatten_outputs(out)  # may run the submission's code (a container's __iter__)
                 projecting.record()
                 early = projector(flat)
@@ -254,6 +326,7 @@ def timing_job(payload: dict) -> dict:
     reference_model = reference
     projector = _Projector(secret, device)
     flush = _flush_buffer(device)
+    cover = _Cover(device) if device.type == "cuda" else None
     flag_changes: list[dict] = []
 
     def reassert():
@@ -264,7 +337,7 @@ def timing_job(payload: dict) -> dict:
 
     announce("timing:warmup")
     try:
-        _warm_up(sides, device, flush, projector, reassert, seconds=float(payload.get("warmup_s", 0.2)))
+        _warm_up(sides, device, flush, projector, reassert, cover, seconds=float(payload.get("warmup_s", 0.2)))
         announce("timing:rounds")
         order_rng = _RANDOM(derive_seed(secret, "order"))
         started = time.monotonic()
@@ -279,17 +352,19 @@ def timing_job(payload: dict) -> dict:
                 for _ in range(CALLS_PER_SIDE):
                     elapsed, seed, inputs, out, early = _timed_call(
                         side, lambda side=side: side.inputs_for(len(side.calls)), device, flush, projector,
-                        reassert if name == "ref" else None)
+                        reassert if name == "ref" else None, cover)
                     del inputs
                     round_times[name].append(elapsed)
                     side.calls.append({"seed": seed})
-                    if name == "cand":
-                        # Checked after the device-wide synchronise, before the next call can touch its inputs
-                        # (an output may legally be a view of them): work deferred past the call shows up here.
-                        pending.append((len(side.calls) - 1, out, early))
-                        _settle(pending, projector, side, device)
-                    else:
-                        _poison(out)  # nothing of the reference's answer is left for the candidate to find
+                    # Both sides get the same host work after every call, or the side whose host has just done
+                    # more launches its next call slower. Checked after the device-wide synchronise, before the
+                    # next call can touch its inputs (an output may legally be a view of them): work deferred
+                    # past the call shows up here. Then the output is poisoned: nothing of the reference's answer
+                    # is left for the candidate to find, and a candidate that hands back a tensor it keeps
+                    # finds NaN in it next time.
+                    pending.append((len(side.calls) - 1, out, early))
+                    _settle(pending, projector, side, device)
+                    _poison(out, side.own_storages)
                     del out
             rounds.append((round_times["ref"], round_times["cand"]))
             record["rounds"].append({"order": order, "ref_ms": round_times["ref"], "cand_ms": round_times["cand"],
@@ -309,6 +384,9 @@ def timing_job(payload: dict) -> dict:
         record["error_side"] = "reference" if _last_phase_is_reference() else "candidate"
     record["settle_gaps_ms"] = {name: side.settle_gaps_ms for name, side in sides.items()}
     record["threads_started"] = {name: side.threads_started for name, side in sides.items()}
+    record["host_ms"] = {name: _quantiles(side.host_ms) for name, side in sides.items()}
+    record["uncovered_calls"] = {name: side.uncovered for name, side in sides.items()}
+    record["cover_ms"] = cover.length_ms if cover is not None else None
     record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
     record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
     record["flags_changed"] = flag_changes
@@ -322,6 +400,14 @@ def timing_job(payload: dict) -> dict:
     record["peak_bandwidth_gbps"] = _bandwidth(device)
     record.update(_peak_memory(sides, device))
     return record
+
+
+def _quantiles(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return {"p50": at(0.5), "p90": at(0.9), "max": ordered[-1], "n": len(ordered)}
 
 
 def _reference_signature(reference, namespace, device) -> list:
@@ -339,7 +425,7 @@ def _last_phase_is_reference() -> bool:
         return False
 
 
-def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> None:
+def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     calls = 0
     while calls < 3 or time.monotonic() < deadline:
@@ -347,20 +433,40 @@ def _warm_up(sides, device, flush, projector, reassert, *, seconds: float) -> No
             announce("timing:reference-warmup" if name == "ref" else "candidate:warmup")
             seed = derive_seed(side.secret, name, "warmup", calls)
             _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)), device,
-                        flush, projector, reassert if name == "ref" else None)
+                        flush, projector, reassert if name == "ref" else None, cover)
         calls += 1
         if calls >= 50:
             break
     for side in sides.values():
         side.settle_gaps_ms.clear()
+        side.host_ms.clear()
+        side.uncovered = 0
         side.previous_inputs = None
 
 
-def _poison(output) -> None:
+def _poison(output, spared: frozenset = frozenset()) -> None:
+    """NaN into every floating output tensor, except one that shares storage with the model's own parameters or
+    buffers (a forward may return one of them as it is)."""
     with torch.no_grad():
         for tensor in flatten_outputs(output):
-            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and type(tensor) is torch.Tensor:
+            if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and type(tensor) is torch.Tensor
+                    and _storage_of(tensor) not in spared):
                 tensor.fill_(float("nan"))
+
+
+def _storage_of(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (a functional or meta tensor)
+        return -1
+
+
+def _own_storages(model) -> frozenset:
+    try:
+        tensors = [*model.parameters(), *model.buffers()]
+    except Exception:  # noqa: BLE001 - a submission's module may not enumerate; then nothing is spared
+        return frozenset()
+    return frozenset(_storage_of(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _signature(outputs: list) -> list:

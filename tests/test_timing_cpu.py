@@ -75,3 +75,56 @@ def test_the_same_work_measures_as_the_same_speed():
     verdict = _speed(SAME)
     assert 0.85 < verdict.speedup < 1.15, verdict.speedup
     assert verdict.speed_class in ("same", "ambiguous")
+
+
+def _bare_cover():
+    from kbverify.timing import _Cover
+
+    cover = object.__new__(_Cover)  # no device to calibrate against on the CPU: the length rule alone
+    cover.recent_ms, cover.cycles_per_ms = [], 1.0
+    return cover
+
+
+def test_the_hold_follows_the_slowest_recent_host_work_within_its_floor_and_cap():
+    cover = _bare_cover()
+    assert cover.length_ms == cover.FLOOR_MS
+    assert cover.observe(0.2) == 1  # longer than the floor-length hold it had
+    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.2)
+    assert cover.observe(0.1) == 0
+    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.2)
+    cover.observe(1e6)
+    assert cover.length_ms == cover.CAP_MS
+    for _ in range(cover.WINDOW):
+        cover.observe(0.01)
+    assert cover.length_ms == cover.FLOOR_MS  # one slow call is forgotten after a window of calls
+
+
+def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
+    import torch
+
+    from kbverify.timing import _Side
+
+    side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    seen_fresh = seen_refilled = False
+    for call in range(40):
+        staged = [torch.full((4, 3), float(call)), 7]
+        placed = side.place(staged)
+        assert placed[0] is not staged[0] and torch.equal(placed[0], staged[0]) and placed[1] == 7
+        if call and placed[0] is previous:
+            seen_refilled = True
+        elif call:
+            seen_fresh = True
+        previous = placed[0]
+    assert seen_fresh and seen_refilled
+
+
+def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
+    import torch
+
+    from kbverify.timing import _own_storages, _poison
+
+    model = torch.nn.Linear(3, 2)
+    fresh = torch.ones(2, 2)
+    _poison([model.weight.detach()[0], fresh], _own_storages(model))
+    assert torch.isfinite(model.weight).all()
+    assert torch.isnan(fresh).all()
