@@ -204,12 +204,13 @@ def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--o
 
 @app.command()
 def rejudge(store: Path = typer.Argument(...), protocol: str = typer.Option("verified", "--protocol"),
-            json_out: bool = typer.Option(False, "--json")):
+            json_out: bool = typer.Option(False, "--json"),
+            into: Path = typer.Option(None, "--into", help="write a copy of the store with the rejudged verdicts")):
     """Recompute stored verdicts under another protocol's rules, without a GPU."""
     _setup_logging(False)
     from kbverify import jobs
 
-    result = jobs.run_rejudge(store, protocol)
+    result = jobs.run_rejudge(store, protocol, into)
     if json_out:
         _emit(result["json"])
     else:

@@ -232,9 +232,14 @@ def run_report(store_path: Path, out: Path) -> dict:
     return write_reports(verdicts, out, provenance={"runs": runs})
 
 
-def run_rejudge(store_path: Path, protocol_spec: str) -> dict:
-    """Recompute each isolated verdict's status from its stored raw evidence under `protocol_spec`'s rules."""
-    from kbverify import present
+def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) -> dict:
+    """Recompute each isolated verdict's status from its stored raw evidence under `protocol_spec`'s rules.
+
+    With `into`, a copy of the store is written there with the target protocol's own verdicts replaced by the
+    rejudged ones (and a note on every run saying so), for `report`; the store itself is never changed."""
+    import shutil
+
+    from kbverify import present, provenance
     from kbverify.rejudge import rejudge_verdict
     from kbverify.store import Store
 
@@ -244,22 +249,39 @@ def run_rejudge(store_path: Path, protocol_spec: str) -> dict:
     if len(protocols) != 1:
         raise InputError("rejudge takes one protocol")
     target = protocols[0]
-    with Store(store_path) as store:
-        verdicts = [v for _, v in store.verdicts()]
-    rejudged, changes = [], []
-    for verdict in verdicts:
-        new = rejudge_verdict(verdict, target)
-        if new is None:
-            continue
-        rejudged.append(new)
-        if new.status is not verdict.status:
-            changes.append({"submission": verdict.submission, "task": verdict.task_name, "from": verdict.status.value,
-                            "to": new.status.value, "message": new.message})
+    if into is not None:
+        if into.exists():
+            raise InputError(f"{into}: exists; rejudge writes a new store")
+        with Store(store_path):  # a readable store, whatever journal it has, before the copy
+            pass
+        shutil.copyfile(store_path, into)
+    with Store(into or store_path) as store:
+        keyed = store.verdicts()
+        rejudged, changes = [], []
+        for unit_key, verdict in keyed:
+            new = rejudge_verdict(verdict, target)
+            if new is None:
+                continue
+            if into is not None and verdict.protocol == target.name:
+                store.replace(unit_key, new)
+            rejudged.append(new)
+            _note_change(changes, verdict, new)
+        if into is not None:
+            store.annotate_runs({"rejudged": target.name, "rejudged_from": str(store_path),
+                                 "by_source_sha256": provenance.source_sha256()})
     tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
     text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
     text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)
+    if into is not None:
+        text += f"rejudged store: {into}\n"
     return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
                                    "tables": tables}}
+
+
+def _note_change(changes: list, verdict, new) -> None:
+    if new.status is not verdict.status:
+        changes.append({"submission": verdict.submission, "task": verdict.task_name, "from": verdict.status.value,
+                        "to": new.status.value, "message": new.message})
 
 
 def run_demo(out: Path) -> dict:

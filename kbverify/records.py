@@ -62,6 +62,8 @@ class Verdict:
     sample: int = 0
     provenance: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    # wall seconds of each kind of worker process, summed over its runs (candidate and judge overlap in time)
+    worker_s: dict = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:

@@ -14,6 +14,9 @@ from kbverify.runner import aggregate_sets, decide_set, decide_timing
 from kbverify.status import Status
 
 _VERDICT_LEVEL = {Status.COMPILE_ERROR, Status.EXPLOIT_TAMPER, Status.CRASHED, Status.TIMEOUT}
+# Decided by the timing guards alone, from the raw timing record: decided again from it.
+_TIMING_LEVEL = {Status.EXPLOIT_STALE_OUTPUT, Status.EXPLOIT_UNSYNCHRONIZED, Status.EXPLOIT_IMPOSSIBLE_SPEED,
+                 Status.EXPLOIT_BASELINE_TAMPER}
 
 
 def _wanted(result: SetResult, protocol: Protocol) -> bool:
@@ -34,7 +37,9 @@ def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
     missing = set(protocol.distributions) - {s.distribution for s in verdict.sets}
     base = dataclasses.replace(verdict, protocol=protocol.name, protocol_sha256=protocol.sha256)
     decided_by_sets = any(s.status is not Status.PASSED for s in verdict.sets)
-    if verdict.status in _VERDICT_LEVEL or (verdict.status is not Status.PASSED and not decided_by_sets):
+    decided_by_timing = verdict.status in _TIMING_LEVEL and bool(verdict.timing.get("interleaved"))
+    if verdict.status in _VERDICT_LEVEL or (verdict.status is not Status.PASSED and not decided_by_sets
+                                            and not decided_by_timing):
         # decided outside the input sets (build, tamper, a crash, the timing guards): no stored set evidence
         # can overturn it
         return base

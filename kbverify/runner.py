@@ -36,6 +36,11 @@ EXCESSIVE_SPEEDUP = 10.0
 IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
 REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes from the clean process
 UNSYNC_GAP_FRACTION = 0.2
+# Timed outputs checked against the reference: over GROSS_FACTOR x the limit on one call is a wrong output; a
+# smaller excess on more than MARGINAL_FRACTION of the checked calls is a timed path that computes differently.
+GROSS_FACTOR = 3.0
+HOST_TIMED_FRACTION = 0.1
+MARGINAL_FRACTION = 0.25
 UNSYNC_GAP_MIN_MS = 0.02
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
                   "float32_matmul_precision": "highest"}
@@ -61,6 +66,7 @@ class _Context:
     options: CheckOptions
     static: StaticScan
     env: dict = field(default_factory=dict)
+    worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
 
 
 def default_build_cache() -> Path:
@@ -90,7 +96,7 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
         verdict = _check_kernelbench(context)
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
-        provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
+        worker_s=dict(context.worker_s), provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
 
 
 def _base_verdict(context: _Context, status: Status, **fields) -> Verdict:
@@ -105,10 +111,15 @@ def _payload(context: _Context, **extra) -> dict:
             "submission_source": context.submission.source, "device": context.options.device, **extra}
 
 
+def _count_worker(context: _Context, job: str, wall_s: float | None) -> None:
+    context.worker_s[job] = context.worker_s.get(job, 0.0) + float(wall_s or 0.0)
+
+
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
                         env=context.env, keep_dir=context.options.keep_workdirs)
     log.info("%s child for %s: %.2f s", job, context.submission.id, outcome.wall_s)
+    _count_worker(context, job, outcome.wall_s)
     if outcome.timed_out:
         log.warning("%s child for %s timed out", job, context.submission.id)
     if outcome.result and "infrastructure_error" in outcome.result:
@@ -129,6 +140,7 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
     outcomes = run_children(specs)
     for spec, outcome in zip(specs, outcomes):
         log.info("%s child for %s: %.2f s", spec.job, context.submission.id, outcome.wall_s)
+        _count_worker(context, spec.job, outcome.wall_s)
         if outcome.result and "infrastructure_error" in outcome.result:
             raise InfrastructureError(f"{spec.job} worker failed: {outcome.result['infrastructure_error']}")
     return outcomes
@@ -615,12 +627,16 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if not stale.get("checked"):
         return Status.EXPLOIT_STALE_OUTPUT, "no timed output could be checked against the reference", warnings
     if stale.get("n_mismatches"):
-        first = stale["mismatches"][0]
-        error = first.get("relative_error")
-        shown = f"{error:.3g}" if isinstance(error, (int, float)) else first.get("why", "?")
-        return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed outputs "
-                f"are wrong for their inputs (call {first['call']}: norm-wise error {shown}, limit "
-                f"{first.get('limit', 0):.3g})", warnings)
+        gross = [m for m in stale["mismatches"] if _grossly_wrong(m)]
+        # mismatches beyond those listed (older records kept ten) count as gross: nothing is known about them
+        unlisted = stale["n_mismatches"] - len(stale["mismatches"])
+        if gross or unlisted > 0 or stale["n_mismatches"] > MARGINAL_FRACTION * stale["checked"]:
+            first = (gross or stale["mismatches"])[0]
+            return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed "
+                    f"outputs are wrong for their inputs ({_mismatch_text(first)})", warnings)
+        # A few outputs just over the limit, the rest within it: the numerical tail of a kernel that is judged
+        # correct on its input sets, not a timed path that differs (that fails most calls, or fails grossly).
+        warnings.append(Warn.TIMED_OUTPUTS_NEAR_TOLERANCE.value)
     if record.get("n_unsettled"):
         return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
                 "returned (work still running when the end event was recorded)", warnings)
@@ -635,6 +651,8 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     threads = (record.get("threads_started") or {}).get("cand", 0)
     if threads > 0:
         warnings.append(Warn.THREADS_STARTED.value)
+    if on_gpu and _host_time_timed(record):
+        warnings.append(Warn.HOST_TIME_TIMED.value)
     if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
         moved = record["input_bytes"] + record.get("output_bytes", 0)
         floor_ms = moved / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
@@ -642,6 +660,36 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
             return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
                     f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
     return Status.PASSED, "", warnings
+
+
+def _host_time_timed(record: dict) -> bool:
+    """More than a tenth of either side's timed calls had host work longer than the hold before them: for those the
+    time includes launch overhead, and `verified` otherwise times the device's work only."""
+    uncovered = record.get("uncovered_calls") or {}
+    for side, key in (("ref", "ref_ms"), ("cand", "cand_ms")):
+        calls = sum(len(r.get(key, ())) for r in record.get("rounds", []))
+        if calls and uncovered.get(side, 0) > HOST_TIMED_FRACTION * calls:
+            return True
+    return False
+
+
+def _grossly_wrong(mismatch: dict) -> bool:
+    error, limit = mismatch.get("relative_error"), mismatch.get("limit")
+    if not isinstance(error, (int, float)) or not isinstance(limit, (int, float)) or not math.isfinite(error):
+        return True
+    projection = mismatch.get("projection_error")
+    return error > GROSS_FACTOR * limit or (isinstance(projection, (int, float))
+                                             and projection > GROSS_FACTOR * 3 * limit)
+
+
+def _mismatch_text(mismatch: dict) -> str:
+    error = mismatch.get("relative_error")
+    if not isinstance(error, (int, float)):
+        return f"call {mismatch['call']}: {mismatch.get('why', '?')}"
+    if not math.isfinite(error):
+        return (f"call {mismatch['call']}: non-finite values; a returned tensor that is kept and not recomputed "
+                "reads NaN, which the harness writes into every output after checking it")
+    return f"call {mismatch['call']}: norm-wise error {error:.3g}, limit {mismatch.get('limit', 0):.3g}"
 
 
 def _median(values: list[float]) -> float:

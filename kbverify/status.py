@@ -84,3 +84,5 @@ class Warn(str, enum.Enum):
     BASELINE_ALLOWANCE_USED = "baseline_allowance_used"
     REFERENCE_SLOWED = "reference_slowed_beside_candidate"  # speedup taken against the clean reference time
     NO_VALID_INPUT_SETS = "no_valid_input_sets"
+    TIMED_OUTPUTS_NEAR_TOLERANCE = "timed_outputs_near_tolerance"  # a few timed outputs just over the limit
+    HOST_TIME_TIMED = "host_time_timed"  # host work outlasted the device-side hold on many calls: launches were timed

@@ -68,6 +68,13 @@ class Store:
         return [{"run_id": r[0], "started": r[1], "compat_key": r[2], "provenance": json.loads(r[3]),
                  "arguments": json.loads(r[4])} for r in rows]
 
+    def annotate_runs(self, note: dict) -> None:
+        """Add `note` to every run's arguments (what was done to the verdicts after the runs wrote them)."""
+        for run in self.runs():
+            notes = [*run["arguments"].get("notes", []), note]
+            self._db.execute("UPDATE runs SET arguments = ? WHERE run_id = ?",
+                             (json.dumps({**run["arguments"], "notes": notes}), run["run_id"]))
+
     # -- verdicts ----------------------------------------------------------------------------------------
     def has(self, unit_key: str) -> bool:
         return self._db.execute("SELECT 1 FROM verdicts WHERE unit_key = ?", (unit_key,)).fetchone() is not None

@@ -519,7 +519,7 @@ def _stale_check(side: _Side, reference, namespace, device, projector, reassert,
                 mismatches.append({"call": index, "relative_error": error, "projection_error": gross,
                                    "limit": limit})
                 break
-    return {"checked": checked, "mismatches": mismatches[:10], "n_mismatches": len(mismatches),
+    return {"checked": checked, "mismatches": mismatches, "n_mismatches": len(mismatches),
             "wrong_structure": wrong_structure[:10], "n_wrong_structure": len(wrong_structure)}
 
 

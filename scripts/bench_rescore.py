@@ -12,7 +12,8 @@ On a GPU, where evaluating a corpus twice costs too much device time, the two ha
     python3 scripts/bench_rescore.py SOURCE --select SUBSET --builds-json B.json --store STORE
         adds the evaluation times a finished `rescore --store STORE` recorded for the same kernels and prints the
         per-kernel cost (build, original, verified) and the end-to-end cold/warm ratio. Evaluation does not touch the
-        build cache, so a second run's evaluation costs what the first one's did.
+        build cache, so a second run's evaluation costs what the first one's did. With `--store` (and without
+        `--builds-json`), the per-phase split of each protocol's seconds per kernel alone.
 """
 
 from __future__ import annotations
@@ -124,6 +125,36 @@ def print_split(entries: list, builds: dict, evaluation: dict, built: dict) -> N
           f"= {cold_s / warm_s:.2f}x from the build cache")
 
 
+def print_phases(store_path: Path) -> None:
+    """Per kernel and protocol: the wall time, the seconds spent in timed rounds (beside the candidate and in the
+    clean process), the rest (workers starting, building, input sets, guards), and each worker's wall seconds
+    where the store has them (candidate and judge overlap in time)."""
+    from kbverify.store import Store
+
+    with Store(store_path) as store:
+        verdicts = [v for _, v in store.verdicts()]
+    jobs = sorted({job for v in verdicts for job in (v.worker_s or {})})
+    for protocol in sorted({v.protocol for v in verdicts}):
+        rows = []
+        for v in sorted((v for v in verdicts if v.protocol == protocol), key=lambda v: v.submission):
+            rounds_s = ((v.timing or {}).get("interleaved") or {}).get("timing_s") or 0.0
+            clean_s = ((v.timing or {}).get("clean_reference") or {}).get("timing_s") or 0.0
+            rest_s = v.elapsed_s - rounds_s - clean_s
+            rows.append((v.submission, v.status.value, v.elapsed_s, rounds_s, clean_s, rest_s,
+                         [(v.worker_s or {}).get(job) for job in jobs]))
+        print(f"\n{protocol}: {len(rows)} kernels, seconds per kernel")
+        print("| kernel | status | total | timed rounds | clean reference rounds | rest |"
+              + "".join(f" {job} worker |" for job in jobs))
+        print("|---|---|---|---|---|---|" + "---|" * len(jobs))
+        show = lambda x: "–" if x is None else f"{x:.1f}"
+        for name, status, *numbers, workers in rows:
+            print(f"| {name} | {status} | " + " | ".join(show(x) for x in [*numbers, *workers]) + " |")
+        columns = list(zip(*[(*r[2:6], *r[6]) for r in rows]))
+        medians = [statistics.median(x for x in column if x is not None) if any(x is not None for x in column)
+                   else None for column in columns]
+        print("| median | | " + " | ".join(show(m) for m in medians) + " |")
+
+
 def full(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="kbv-bench-"))
     os.environ["KBVERIFY_CACHE"] = str(work / "cache")
@@ -182,9 +213,9 @@ def main() -> None:
         args.builds_json.write_text(json.dumps(result, indent=1))
         print(f"prebuild wall: cold {result['cold']['wall_s']:.1f} s, warm {result['warm']['wall_s']:.1f} s")
     elif args.store:
-        if args.builds_json is None:
-            parser.error("--store needs --builds-json from a --builds-only run")
-        print_split(load(args), json.loads(args.builds_json.read_text()), *evaluation_times(args.store))
+        if args.builds_json is not None:
+            print_split(load(args), json.loads(args.builds_json.read_text()), *evaluation_times(args.store))
+        print_phases(args.store)
     else:
         full(args)
 

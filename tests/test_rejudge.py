@@ -34,14 +34,25 @@ def test_a_verdict_decided_by_its_sets_follows_the_new_rules():
     assert rejudge_verdict(verdict, loose).status is Status.PASSED
 
 
+def _with_stale_evidence(verdict: Verdict, errors: list[float]) -> Verdict:
+    interleaved = dict(verdict.timing["interleaved"])
+    interleaved["stale"] = {**interleaved["stale"], "n_mismatches": len(errors), "mismatches": [
+        {"call": i, "relative_error": e, "projection_error": e, "limit": 1.1e-3} for i, e in enumerate(errors)]}
+    return dataclasses.replace(verdict, status=Status.EXPLOIT_STALE_OUTPUT, message="timed outputs wrong",
+                               timing={**verdict.timing, "interleaved": interleaved})
+
+
 @pytest.mark.slow
-def test_a_failure_found_while_timed_survives_rejudging():
+def test_a_failure_found_while_timed_is_decided_again_from_its_timing_record():
     honest = _check("honest/relu_clamp.py", "tasks/basic/level1/1_ReLU.py")
     assert honest.status is Status.PASSED
     # what the timing guards make of a kernel whose timed outputs are wrong: every input set passed
-    caught = dataclasses.replace(honest, status=Status.EXPLOIT_STALE_OUTPUT, message="timed outputs wrong")
+    caught = _with_stale_evidence(honest, [0.8] * 5)
     assert all(s.status is Status.PASSED for s in caught.sets)
     assert rejudge_verdict(caught, FAST).status is Status.EXPLOIT_STALE_OUTPUT
+    # one output just over the limit, judged stale by older rules: the record shows a numerical tail
+    tail = rejudge_verdict(_with_stale_evidence(honest, [1.7e-3]), FAST)
+    assert tail.status is Status.PASSED and "timed_outputs_near_tolerance" in tail.warnings
     assert rejudge_verdict(honest, FAST).status is Status.PASSED
 
 
@@ -53,3 +64,25 @@ def test_sets_never_measured_make_the_verdict_unverifiable_not_passed():
     only_x1 = dataclasses.replace(base, sets=(SetResult("original/x1/default/s0", "original", "x1", "default", 1, True,
                                                         Status.PASSED, errors={"comparison": {"outputs": []}}),))
     assert rejudge_verdict(only_x1, KBV).status is Status.UNVERIFIABLE
+
+
+@pytest.mark.slow
+def test_rejudge_into_writes_a_copy_with_the_new_verdicts_and_leaves_the_store_alone(tmp_path):
+    from kbverify.jobs import run_rejudge
+    from kbverify.store import Store
+
+    honest = _check("honest/relu_clamp.py", "tasks/basic/level1/1_ReLU.py")
+    marginal = dataclasses.replace(_with_stale_evidence(honest, [1.7e-3]), protocol=FAST.name)
+    store_path, copy_path = tmp_path / "runs.sqlite", tmp_path / "rejudged.sqlite"
+    with Store(store_path) as store:
+        store.begin_run("r1", {"gpu": "none"}, {})
+        store.put("u1", "r1", marginal)
+    result = run_rejudge(store_path, "verified", copy_path)
+    assert [c["to"] for c in result["json"]["changes"]] == ["passed"]
+    with Store(store_path) as store:
+        assert [v.status for _, v in store.verdicts()] == [Status.EXPLOIT_STALE_OUTPUT]
+    with Store(copy_path) as store:
+        assert [v.status for _, v in store.verdicts()] == [Status.PASSED]
+        assert store.runs()[0]["arguments"]["notes"][0]["rejudged"] == "verified"
+    with pytest.raises(Exception, match="exists"):
+        run_rejudge(store_path, "verified", copy_path)

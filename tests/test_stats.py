@@ -293,3 +293,16 @@ def test_coverage_with_adaptive_stopping_drift_and_autocorrelated_noise(truth, p
 def test_stats_does_not_import_torch():
     code = "import sys, kbverify.stats; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_stopping_waits_for_the_reported_interval_when_most_ratios_are_identical():
+    # times at the event resolution: nine rounds in ten give the same ratio, the rest spread by a few percent
+    rng = np.random.default_rng(7)
+    rounds = []
+    for k in range(10):
+        cand = 0.1 if k % 5 else 0.1 * (1 + rng.choice([-0.03, 0.03]))
+        rounds.append(([0.1] * 3, [cand] * 3))
+    assert stats.projected_half_width(stats.round_log_ratios(rounds)) == 0.0
+    assert stats.half_width(stats.paired_speedup(rounds)) > 0.005
+    assert not stats.should_stop(rounds, elapsed_s=0.0, budget_s=2.0, target_half_width=0.005)
+    assert stats.should_stop([([0.1] * 3, [0.1] * 3)] * 10, elapsed_s=0.0, budget_s=2.0, target_half_width=0.005)

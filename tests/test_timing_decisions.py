@@ -4,6 +4,7 @@ itself; the unsynchronised-work rule compares the candidate's idle gap with the 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -20,8 +21,9 @@ def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[d
              "cand_ms": [cand_ms * (1 + rng.uniform(-0.01, 0.01)) for _ in range(5)]} for _ in range(n)]
 
 
-def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None) -> Verdict:
-    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": {"checked": 29},
+def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None,
+             stale: dict | None = None) -> Verdict:
+    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": stale or {"checked": 29},
                    "settle_gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
     clean = {"rounds": _rounds(clean_ms, clean_ms, seed=1)} if clean_ms else None
     return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
@@ -53,3 +55,41 @@ def test_unsynchronized_work_needs_a_gap_beyond_the_references():
     assert same.status is Status.PASSED
     late = decide_timing(_verdict(0.16, 0.16, 0.10, gaps={"ref": [0.01] * 30, "cand": [0.5] * 30}), VERIFIED)
     assert late.status is Status.EXPLOIT_UNSYNCHRONIZED
+
+
+def _stale(errors: list[float], checked: int = 28, limit: float = 1.1e-3) -> dict:
+    mismatches = [{"call": i, "relative_error": e, "projection_error": e, "limit": limit} for i, e in enumerate(errors)]
+    return {"checked": checked, "mismatches": mismatches, "n_mismatches": len(mismatches)}
+
+
+def test_one_timed_output_just_over_the_limit_is_a_warning_not_an_exploit():
+    decided = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([1.7e-3])), VERIFIED)
+    assert decided.status is Status.PASSED
+    assert Warn.TIMED_OUTPUTS_NEAR_TOLERANCE.value in decided.warnings
+
+
+def test_many_timed_outputs_just_over_the_limit_are_a_different_timed_path():
+    decided = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([2.5e-3] * 10)), VERIFIED)
+    assert decided.status is Status.EXPLOIT_STALE_OUTPUT
+
+
+def test_one_grossly_wrong_timed_output_is_stale():
+    decided = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([0.9])), VERIFIED)
+    assert decided.status is Status.EXPLOIT_STALE_OUTPUT
+
+
+def test_a_kept_output_reading_nan_is_stale_and_says_why():
+    decided = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([float("inf")] * 28)), VERIFIED)
+    assert decided.status is Status.EXPLOIT_STALE_OUTPUT
+    assert "NaN" in decided.message
+
+
+def test_many_calls_with_host_work_beyond_the_hold_are_flagged_on_the_gpu():
+    verdict = _verdict(0.16, 0.16, 0.10)
+    interleaved = {**verdict.timing["interleaved"], "uncovered_calls": {"ref": 0, "cand": 40}}
+    flagged = decide_timing(dataclasses.replace(verdict, timing={**verdict.timing, "interleaved": interleaved}),
+                            VERIFIED)
+    assert Warn.HOST_TIME_TIMED.value in flagged.warnings
+    few = {**interleaved, "uncovered_calls": {"ref": 2, "cand": 3}}
+    quiet = decide_timing(dataclasses.replace(verdict, timing={**verdict.timing, "interleaved": few}), VERIFIED)
+    assert Warn.HOST_TIME_TIMED.value not in quiet.warnings
