@@ -71,6 +71,9 @@ def test_one_timed_output_just_over_the_limit_is_a_warning_not_an_exploit():
 def test_many_timed_outputs_just_over_the_limit_are_a_different_timed_path():
     decided = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([2.5e-3] * 10)), VERIFIED)
     assert decided.status is Status.EXPLOIT_STALE_OUTPUT
+    # a timed path in bf16 on one call in seven: little to gain, and still caught
+    some = decide_timing(_verdict(0.16, 0.16, 0.10, stale=_stale([2.5e-3] * 4)), VERIFIED)
+    assert some.status is Status.EXPLOIT_STALE_OUTPUT
 
 
 def test_one_grossly_wrong_timed_output_is_stale():
