@@ -55,10 +55,17 @@ class _Side:
         self.threads_started = 0
         self.host_ms: list[float] = []  # hold → end event on the host: what the device-side hold has to cover
         self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
+        self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
         self.kept: dict[int, list] = {}  # call index → its projections: a uniform reservoir plus the last calls
         self.own_storages = _own_storages(model) if isinstance(model, torch.nn.Module) else frozenset()
         self._seen = 0
+
+    def spent(self, phase: str, since_ns: int) -> int:
+        """Add the time since `since_ns` to `phase`; returns now, the next phase's start."""
+        now = time.perf_counter_ns()
+        self.phase_ns[phase] = self.phase_ns.get(phase, 0) + now - since_ns
+        return now
 
     def keep(self, call_index: int, projections: list) -> None:
         """Reservoir-sample the calls whose outputs are checked against the reference afterwards."""
@@ -220,6 +227,7 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
     thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
     inside the reference's timed call, say), is off from the draw until the call is over, for both sides, as
     `timeit` does."""
+    mark = time.perf_counter_ns()
     if device.type == "cuda":
         start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(5))
         torch.cuda.synchronize(device)
@@ -230,8 +238,9 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
     collecting = gc.isenabled()
     gc.disable()
     try:
+        mark = side.spent("idle", mark)
         seed, staged = draw()
-        host_started = time.perf_counter_ns()
+        host_started = mark = side.spent("draw", mark)
         if cover is not None:
             cover.hold()
         inputs = side.place(staged)
@@ -244,7 +253,8 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
                 start.record()
                 out = side.model(*inputs)
                 end.record()
-                host_ms = (time.perf_counter_ns() - host_started) / 1e6
+                mark = side.spent("launch", mark)
+                host_ms = (mark - host_started) / 1e6
                 side.host_ms.append(host_ms)
                 if cover is not None:
                     side.uncovered += cover.observe(host_ms)
@@ -255,6 +265,7 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
                 torch.cuda.synchronize(device)
                 after_sync.record()
                 after_sync.synchronize()
+                side.spent("run_and_project", mark)
                 elapsed = start.elapsed_time(end)
                 # the device's time after the end event, less the projection's own kernels and launches
                 side.settle_gaps_ms.append(end.elapsed_time(projecting) + projected.elapsed_time(after_sync))
@@ -263,6 +274,7 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
                 out = side.model(*inputs)
                 elapsed = (time.perf_counter_ns() - started) / 1e6
                 early = projector(flatten_outputs(out))
+                side.spent("run_and_project", mark)
     finally:
         _restore_gc(collecting)
     side.threads_started = max(side.threads_started, guards.thread_count() - threads)
@@ -370,8 +382,11 @@ def timing_job(payload: dict) -> dict:
                     # is left for the candidate to find, and a candidate that hands back a tensor it keeps
                     # finds NaN in it next time.
                     pending.append((len(side.calls) - 1, out, early))
+                    mark = time.perf_counter_ns()
                     _settle(pending, projector, side, device)
+                    mark = side.spent("settle", mark)
                     _poison(out, side.own_storages)
+                    side.spent("poison", mark)
                     del out
             rounds.append((round_times["ref"], round_times["cand"]))
             record["rounds"].append({"order": order, "ref_ms": round_times["ref"], "cand_ms": round_times["cand"],
@@ -394,6 +409,9 @@ def timing_job(payload: dict) -> dict:
     record["host_ms"] = {name: _quantiles(side.host_ms) for name, side in sides.items()}
     record["uncovered_calls"] = {name: side.uncovered for name, side in sides.items()}
     record["cover_ms"] = cover.length_ms if cover is not None else None
+    record["phase_ms_per_call"] = {name: {phase: total / 1e6 / max(1, len(side.calls))
+                                          for phase, total in side.phase_ns.items()}
+                                   for name, side in sides.items()}
     record["cover_cycles_per_ms"] = cover.cycles_per_ms if cover is not None else None
     record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
     record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
@@ -448,6 +466,7 @@ def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float
     for side in sides.values():
         side.settle_gaps_ms.clear()
         side.host_ms.clear()
+        side.phase_ns.clear()
         side.uncovered = 0
         side.previous_inputs = None
 
@@ -625,4 +644,5 @@ def reference_timing_job(payload: dict) -> dict:
     """The reference alone in a clean process, same method: the check on an in-process baseline."""
     payload = {**payload, "aa": True}
     record = timing_job(payload)
-    return {"rounds": record.get("rounds", []), "error": record.get("error"), "timing_s": record.get("timing_s")}
+    return {key: record.get(key) for key in ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls")} | {
+        "rounds": record.get("rounds", [])}

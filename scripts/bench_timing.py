@@ -103,7 +103,8 @@ def _interleaved(job: str, task: Task, source: str, args) -> dict:
             "ci_half_width": stats.half_width(estimate), "rounds": len(rounds), "method": estimate.method,
             "ref_ms": statistics.median(t for r in rounds for t in r[0]),
             "cand_ms": statistics.median(t for r in rounds for t in r[1]),
-            "timing_s": record.get("timing_s"), "wall_s": wall_s}
+            "timing_s": record.get("timing_s"), "wall_s": wall_s, "phase_ms_per_call": record.get("phase_ms_per_call"),
+            "cover_ms": record.get("cover_ms"), "uncovered_calls": record.get("uncovered_calls")}
 
 
 # ---- KernelBench's method, re-implemented (scripts/generate_baseline_time.py + src/eval.py of v0.1) ---------
