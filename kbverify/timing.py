@@ -84,18 +84,22 @@ class _Side:
     def place(self, staged: list) -> list:
         """The call's own input tensors, filled from a finished draw by copies enqueued now (after the hold):
         a kernel that starts on another stream without waiting reads the last call's values. Half the time the
-        previous call's tensors are refilled, which defeats caches keyed on a tensor's address."""
+        previous call's tensors are refilled, which defeats caches keyed on a tensor's address. Anything that is
+        not a plain tensor goes to the call as drawn."""
         previous = self.previous_inputs
-        if previous is not None and _random_bits(1) == 1 and _same_layout(previous, staged):
-            targets = previous
-        else:
+        reuse = previous is not None and _random_bits(1) == 1 and _same_layout(previous, staged)
+        if not reuse:
             self.previous_inputs = previous = None  # freed first: at most two copies of the inputs exist at once
-            targets = [torch.empty_like(value) if _refillable(value) else value for value in staged]
-        for target, value in zip(targets, staged):
-            if isinstance(value, torch.Tensor) and target is not value:
+        placed = []
+        for index, value in enumerate(staged):
+            if _refillable(value):
+                target = previous[index] if reuse else torch.empty_like(value)
                 target.copy_(value)
-        self.previous_inputs = targets
-        return targets
+                placed.append(target)
+            else:
+                placed.append(value)
+        self.previous_inputs = placed
+        return placed
 
 
 def _refillable(value) -> bool:

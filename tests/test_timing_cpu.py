@@ -107,9 +107,10 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     seen_fresh = seen_refilled = False
     for call in range(40):
-        staged = [torch.full((4, 3), float(call)), 7]
+        staged = [torch.full((4, 3), float(call)), 7, [torch.full((2,), float(call))]]
         placed = side.place(staged)
         assert placed[0] is not staged[0] and torch.equal(placed[0], staged[0]) and placed[1] == 7
+        assert placed[2] is staged[2]  # a nested value is this call's draw, never the last call's
         if call and placed[0] is previous:
             seen_refilled = True
         elif call:
