@@ -653,6 +653,8 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
         warnings.append(Warn.THREADS_STARTED.value)
     if on_gpu and _host_time_timed(record):
         warnings.append(Warn.HOST_TIME_TIMED.value)
+    known = {w.value for w in Warn}
+    warnings += [w for w in record.get("warnings") or [] if w in known]
     if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
         moved = record["input_bytes"] + record.get("output_bytes", 0)
         floor_ms = moved / (record["peak_bandwidth_gbps"] * 1e9) * 1e3

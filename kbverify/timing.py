@@ -347,7 +347,10 @@ def timing_job(payload: dict) -> dict:
     reference_model = reference
     projector = _Projector(secret, device)
     flush = _flush_buffer(device)
-    cover = _Cover(device) if device.type == "cuda" else None
+    # torch.cuda._sleep is private API: without it the launch race is back, and the record says so
+    cover = _Cover(device) if device.type == "cuda" and hasattr(torch.cuda, "_sleep") else None
+    if device.type == "cuda" and cover is None:
+        record["warnings"].append("no_device_hold")
     flag_changes: list[dict] = []
 
     def reassert():
