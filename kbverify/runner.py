@@ -40,6 +40,7 @@ UNSYNC_GAP_FRACTION = 0.2
 # smaller excess on more than MARGINAL_FRACTION of the checked calls is a timed path that computes differently.
 GROSS_FACTOR = 3.0
 HOST_TIMED_FRACTION = 0.1
+HOST_JITTER_MS = 0.05
 MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades precision on a few calls gain little
 UNSYNC_GAP_MIN_MS = 0.02
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
@@ -653,6 +654,8 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
         warnings.append(Warn.THREADS_STARTED.value)
     if on_gpu and _host_time_timed(record):
         warnings.append(Warn.HOST_TIME_TIMED.value)
+    if on_gpu and _host_overhead(record, ref_ms):
+        warnings.append(Warn.HOST_OVERHEAD.value)
     known = {w.value for w in Warn}
     warnings += [w for w in record.get("warnings") or [] if w in known]
     if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
@@ -673,6 +676,19 @@ def _host_time_timed(record: dict) -> bool:
         if calls and uncovered.get(side, 0) > HOST_TIMED_FRACTION * calls:
             return True
     return False
+
+
+def _host_overhead(record: dict, ref_ms: float) -> bool:
+    """The device time `verified` reports leaves the host's work out. Where the candidate's host work per call
+    exceeds the reference's by more than the reference's whole device time, a caller that waits for each call
+    would find it slower than the reference however fast its kernels are. (Both sides' host times include the
+    harness's own per-call work, which the difference cancels; a difference within the host's own jitter, tens of
+    microseconds or half the reference's host time, says nothing.)"""
+    host = record.get("host_ms") or {}
+    ref_host, cand_host = (host.get("ref") or {}).get("p50"), (host.get("cand") or {}).get("p50")
+    if not isinstance(ref_host, (int, float)) or not isinstance(cand_host, (int, float)):
+        return False
+    return cand_host - ref_host > max(ref_ms, HOST_JITTER_MS, 0.5 * ref_host)
 
 
 def _grossly_wrong(mismatch: dict) -> bool:

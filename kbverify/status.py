@@ -85,5 +85,6 @@ class Warn(str, enum.Enum):
     REFERENCE_SLOWED = "reference_slowed_beside_candidate"  # speedup taken against the clean reference time
     NO_VALID_INPUT_SETS = "no_valid_input_sets"
     TIMED_OUTPUTS_NEAR_TOLERANCE = "timed_outputs_near_tolerance"  # a few timed outputs just over the limit
+    HOST_OVERHEAD = "host_overhead"  # its extra host work per call exceeds the reference's device time per call
     NO_DEVICE_HOLD = "no_device_hold"  # this torch has no torch.cuda._sleep: host launch time was timed too
     HOST_TIME_TIMED = "host_time_timed"  # host work outlasted the device-side hold on many calls: launches were timed

@@ -96,3 +96,15 @@ def test_many_calls_with_host_work_beyond_the_hold_are_flagged_on_the_gpu():
     few = {**interleaved, "uncovered_calls": {"ref": 2, "cand": 3}}
     quiet = decide_timing(dataclasses.replace(verdict, timing={**verdict.timing, "interleaved": few}), VERIFIED)
     assert Warn.HOST_TIME_TIMED.value not in quiet.warnings
+
+
+def test_extra_host_work_beyond_the_references_device_time_is_flagged():
+    verdict = _verdict(0.16, 0.16, 0.10)
+    def with_host(ref_p50, cand_p50):
+        interleaved = {**verdict.timing["interleaved"],
+                       "host_ms": {"ref": {"p50": ref_p50}, "cand": {"p50": cand_p50}}}
+        return decide_timing(dataclasses.replace(verdict, timing={**verdict.timing, "interleaved": interleaved}),
+                             VERIFIED)
+    assert Warn.HOST_OVERHEAD.value in with_host(0.05, 0.5).warnings  # 0.45 ms more host work, 0.16 ms reference
+    assert Warn.HOST_OVERHEAD.value not in with_host(0.05, 0.1).warnings
+    assert Warn.HOST_OVERHEAD.value not in with_host(0.19, 0.26).warnings  # within the host's jitter
