@@ -24,6 +24,7 @@ _SENSITIVE = (
     "torch.cuda.Event.elapsed_time",
     "torch.cuda.synchronize",
     "torch.cuda.current_stream",
+    "torch.cuda._sleep",
     "torch.allclose",
     "torch.isclose",
     "torch.equal",

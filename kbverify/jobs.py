@@ -237,7 +237,8 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
 
     With `into`, a copy of the store is written there with the target protocol's own verdicts replaced by the
     rejudged ones (and a note on every run saying so), for `report`; the store itself is never changed."""
-    import shutil
+    import os
+    import sqlite3
 
     from kbverify import present, provenance
     from kbverify.rejudge import rejudge_verdict
@@ -249,13 +250,21 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     if len(protocols) != 1:
         raise InputError("rejudge takes one protocol")
     target = protocols[0]
+    written = None
     if into is not None:
         if into.exists():
             raise InputError(f"{into}: exists; rejudge writes a new store")
-        with Store(store_path):  # a readable store, whatever journal it has, before the copy
-            pass
-        shutil.copyfile(store_path, into)
-    with Store(into or store_path) as store:
+        # SQLite's own backup: a consistent copy even while a rescore is writing the store (a plain file copy
+        # would miss what is still in its write-ahead log); finished under another name, then renamed
+        written = into.with_name(into.name + ".partial")
+        written.unlink(missing_ok=True)
+        source_db, copy_db = sqlite3.connect(store_path), sqlite3.connect(written)
+        try:
+            source_db.backup(copy_db)
+        finally:
+            source_db.close()
+            copy_db.close()
+    with Store(written or store_path) as store:
         keyed = store.verdicts()
         rejudged, changes = [], []
         for unit_key, verdict in keyed:
@@ -269,6 +278,8 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
         if into is not None:
             store.annotate_runs({"rejudged": target.name, "rejudged_from": str(store_path),
                                  "by_source_sha256": provenance.source_sha256()})
+    if written is not None:
+        os.replace(written, into)
     tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
     text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
     text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)

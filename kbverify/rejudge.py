@@ -28,6 +28,16 @@ def _wanted(result: SetResult, protocol: Protocol) -> bool:
                                            and result.distribution in protocol.rerandomized_distributions)
 
 
+def _timing_evidence_current(timing: dict) -> bool:
+    """The stored timing record holds what today's guards decide from. Older GPU records (an idle gap that
+    counted the harness's own projection, `gaps_ms`) do not: their timing verdicts stand as they were."""
+    record = timing.get("interleaved") or {}
+    if not record:
+        return False
+    on_gpu = str(timing.get("device", "cpu")).startswith("cuda")
+    return not on_gpu or "settle_gaps_ms" in record
+
+
 def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
     if not verdict.sets:
         return None
@@ -37,12 +47,15 @@ def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
     missing = set(protocol.distributions) - {s.distribution for s in verdict.sets}
     base = dataclasses.replace(verdict, protocol=protocol.name, protocol_sha256=protocol.sha256)
     decided_by_sets = any(s.status is not Status.PASSED for s in verdict.sets)
-    decided_by_timing = verdict.status in _TIMING_LEVEL and bool(verdict.timing.get("interleaved"))
+    decided_by_timing = (verdict.status in _TIMING_LEVEL and protocol.guards
+                         and _timing_evidence_current(verdict.timing))
     if verdict.status in _VERDICT_LEVEL or (verdict.status is not Status.PASSED and not decided_by_sets
                                             and not decided_by_timing):
         # decided outside the input sets (build, tamper, a crash, the timing guards): no stored set evidence
         # can overturn it
         return base
+    if missing and decided_by_timing and not decided_by_sets:
+        return base  # a failure found while timed stays one; the missing sets cannot clear it
     if missing:
         return dataclasses.replace(base, status=Status.UNVERIFIABLE,
                                    message=f"never measured: distributions {sorted(missing)}")

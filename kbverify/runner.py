@@ -706,7 +706,7 @@ def _mismatch_text(mismatch: dict) -> str:
         return f"call {mismatch['call']}: {mismatch.get('why', '?')}"
     if not math.isfinite(error):
         return (f"call {mismatch['call']}: non-finite values; a returned tensor that is kept and not recomputed "
-                "reads NaN, which the harness writes into every output after checking it")
+                "reads NaN, which the harness writes into every floating output tensor after checking it")
     return f"call {mismatch['call']}: norm-wise error {error:.3g}, limit {mismatch.get('limit', 0):.3g}"
 
 

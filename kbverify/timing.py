@@ -31,6 +31,8 @@ CALLS_PER_SIDE = 3
 # module attributes a submission could replace to make the timed inputs or the round order predictable.
 _URANDOM = os.urandom
 _RANDOM = random.Random
+# The device-side hold, captured for the same reason: a submission that emptied it would time its rival's launches.
+_SLEEP = getattr(torch.cuda, "_sleep", None)
 
 
 def _random_bits(bits: int) -> int:
@@ -58,7 +60,9 @@ class _Side:
         self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
         self.kept: dict[int, list] = {}  # call index → its projections: a uniform reservoir plus the last calls
-        self.own_storages = _own_storages(model) if isinstance(model, torch.nn.Module) else frozenset()
+        # Only the reference's own weights are spared the poison: a candidate returning a tensor it keeps (a
+        # registered buffer included) must recompute it every call, and its `parameters()` is its own to fake.
+        self.own_storages = _own_storages(model) if name == "ref" and isinstance(model, torch.nn.Module) else frozenset()
         self._seen = 0
 
     def spent(self, phase: str, since_ns: int) -> int:
@@ -83,35 +87,78 @@ class _Side:
 
     def place(self, staged: list) -> list:
         """The call's own input tensors, filled from a finished draw by copies enqueued now (after the hold):
-        a kernel that starts on another stream without waiting reads the last call's values. Half the time the
-        previous call's tensors are refilled, which defeats caches keyed on a tensor's address. Anything that is
-        not a plain tensor goes to the call as drawn."""
+        a kernel that starts on another stream without waiting reads the last call's values, not this call's.
+        Half the time the previous call's tensors are refilled, which defeats caches keyed on a tensor's address.
+        Lists and tuples are refilled element by element; a tensor that shares its storage with another input
+        (an alias, a view), a tensor subclass or a Parameter, and anything that is not a tensor go to the call
+        as drawn. The caller keeps `staged` alive until the call is over, so no allocation made inside the call
+        can be handed the drawn values' memory."""
         previous = self.previous_inputs
-        reuse = previous is not None and _random_bits(1) == 1 and _same_layout(previous, staged)
+        reuse = previous is not None and _random_bits(1) == 1 and _layout(previous) == _layout(staged)
         if not reuse:
             self.previous_inputs = previous = None  # freed first: at most two copies of the inputs exist at once
-        placed = []
-        for index, value in enumerate(staged):
-            if _refillable(value):
-                target = previous[index] if reuse else torch.empty_like(value)
-                target.copy_(value)
-                placed.append(target)
-            else:
-                placed.append(value)
+        shared = _shared_storages(staged)
+        placed = [_refill(value, previous[index] if reuse else None, shared) for index, value in enumerate(staged)]
         self.previous_inputs = placed
         return placed
 
 
-def _refillable(value) -> bool:
-    # a tensor whose layout empty_like reproduces; anything else goes to the call as it was drawn
-    return isinstance(value, torch.Tensor) and value.is_contiguous() and not value.requires_grad
+def _refill(value, previous, shared: frozenset):
+    if type(value) in (list, tuple):
+        earlier = previous if type(previous) is type(value) and len(previous) == len(value) else [None] * len(value)
+        return type(value)(_refill(item, before, shared) for item, before in zip(value, earlier))
+    if not _refillable(value, shared):
+        return value
+    target = previous if isinstance(previous, torch.Tensor) else torch.empty_strided(
+        value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    with torch.no_grad():
+        target.copy_(value)
+    if value.requires_grad and not target.requires_grad:
+        target.requires_grad_(True)
+    return target
 
 
-def _same_layout(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(
-        (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor))
-        or (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype)
-        for x, y in zip(a, b))
+def _refillable(value, shared: frozenset) -> bool:
+    if type(value) is not torch.Tensor or value.numel() == 0 or _storage_of(value) in shared:
+        return False
+    return _dense(value)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill its memory exactly once in some order of dimensions (contiguous, transposed, channels-last):
+    an empty_strided copy then has the same layout. A slice with gaps or a broadcast (stride 0) is not."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(tensor.shape, tensor.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _shared_storages(values) -> frozenset:
+    seen, shared = set(), set()
+    for tensor in _tensors_in(values):
+        storage = _storage_of(tensor)
+        (shared if storage in seen else seen).add(storage)
+    return frozenset(shared)
+
+
+def _tensors_in(values):
+    for value in values:
+        if type(value) in (list, tuple):
+            yield from _tensors_in(value)
+        elif isinstance(value, torch.Tensor):
+            yield value
+
+
+def _layout(value):
+    """What a refill must match: the nesting, and each tensor's shape, strides, dtype and whether it needs grad."""
+    if type(value) in (list, tuple):
+        return (type(value).__name__, tuple(_layout(item) for item in value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", type(value).__name__, tuple(value.shape), tuple(value.stride()), value.dtype,
+                value.requires_grad)
+    return ("value",)
 
 
 class _Projector:
@@ -167,19 +214,23 @@ def _flush_buffer(device):
 class _Cover:
     """A device-side wait enqueued before each call's inputs, flush and launches.
 
-    Its length follows the host's recent work per call (both sides alike, a margin over the slowest of the
-    last calls), floored so the flush and a short call are always behind it and capped so a host-bound call
-    cannot stretch a round without limit: beyond the cap the host's excess shows in the time, for either side.
+    Its length is set once, from the warm-up, the same for both sides. Warm-up calls get the longest hold
+    (CAP_MS), and those whose host work ended before it ran out show the host's own time per call; the hold is
+    then a margin over the slowest of them. A forward that waits on the device (a synchronise, an `.item()`)
+    always outlasts its hold, whatever its length, so such calls say nothing about the host and the hold stays at
+    its floor for them: a hold that grew to fit them would only grow with them, to the cap. Beyond the hold the
+    host's excess shows in the time, for either side, and is counted (`uncovered_calls`).
     """
 
     FLOOR_MS = 0.05
     CAP_MS = 20.0
     MARGIN = 1.5
-    WINDOW = 32
 
     def __init__(self, device):
         self.device = device
-        self.recent_ms: list[float] = []
+        self.probing = True  # warm-up: every hold at the cap
+        self.host_ms: list[float] = []  # warm-up calls that ended before their hold: the host's own time
+        self.fixed_ms = self.CAP_MS
         self.cycles_per_ms = self._calibrate()
 
     def _calibrate(self) -> float:
@@ -188,31 +239,36 @@ class _Cover:
         for _ in range(3):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.cuda._sleep(cycles)
+            _SLEEP(cycles)
             end.record()
             end.synchronize()
             rates.append(cycles / max(start.elapsed_time(end), 1e-3))
         return max(rates[1:])  # the fastest clock seen: the hold is at least as long as asked
 
-    def recalibrate(self) -> None:
-        """Again once the device is warm: a clock still ramping up at the first calibration would make every
-        hold shorter than asked, by as much as the ratio of the idle to the boost clock."""
-        self.cycles_per_ms = max(self.cycles_per_ms, self._calibrate())
-
     @property
     def length_ms(self) -> float:
-        slowest = max(self.recent_ms, default=0.0)
-        return min(max(self.MARGIN * slowest, self.FLOOR_MS), self.CAP_MS)
+        return self.CAP_MS if self.probing else self.fixed_ms
 
     def hold(self) -> None:
-        torch.cuda._sleep(int(self.length_ms * self.cycles_per_ms))
+        _SLEEP(int(self.length_ms * self.cycles_per_ms))
 
     def observe(self, host_ms: float) -> int:
-        """Remember a call's host time; 1 when it outlasted the hold it had, else 0."""
+        """A call's host time; 1 when it outlasted the hold it had, else 0."""
         outlasted = int(host_ms > self.length_ms)
-        self.recent_ms.append(host_ms)
-        del self.recent_ms[:-self.WINDOW]
+        if self.probing and not outlasted:
+            self.host_ms.append(host_ms)
         return outlasted
+
+    def settle(self) -> None:
+        """After the warm-up: the clock calibrated again on a warm device (a clock still ramping up at the first
+        calibration makes every hold short), and the hold's length fixed."""
+        self.cycles_per_ms = max(self.cycles_per_ms, self._calibrate())
+        self.fix_length()
+
+    def fix_length(self) -> None:
+        slowest = max(self.host_ms, default=0.0)
+        self.fixed_ms = min(max(self.MARGIN * slowest, self.FLOOR_MS), self.CAP_MS)
+        self.probing = False
 
 
 def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, cover=None):
@@ -225,7 +281,8 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
     flush: a sub-0.1 ms call measured 5–30 µs of host time or none, depending on what the host had done just
     before, and an A/A measured on the H200 came out 3–13% off. The inputs are drawn before the hold (a draw
     made on the host may block on the stream) and copied into the call's own tensors behind it: a kernel that
-    skips the stream order and starts on another stream at once reads the previous call's values.
+    skips the stream order and starts on another stream at once reads the previous call's values (aliased
+    inputs, subclasses and strided slices are the exceptions: they go to the call as drawn).
 
     Between the inputs' existence and the start event the harness does nothing a submission could hook: the
     thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
@@ -247,8 +304,7 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
         host_started = mark = side.spent("draw", mark)
         if cover is not None:
             cover.hold()
-        inputs = side.place(staged)
-        del staged
+        inputs = side.place(staged)  # `staged` stays referenced until this function returns
         set_seed(derive_seed(side.secret, "rng", len(side.calls)))
         if flush is not None:
             flush.zero_()
@@ -348,7 +404,7 @@ def timing_job(payload: dict) -> dict:
     projector = _Projector(secret, device)
     flush = _flush_buffer(device)
     # torch.cuda._sleep is private API: without it the launch race is back, and the record says so
-    cover = _Cover(device) if device.type == "cuda" and hasattr(torch.cuda, "_sleep") else None
+    cover = _Cover(device) if device.type == "cuda" and _SLEEP is not None else None
     if device.type == "cuda" and cover is None:
         record["warnings"].append("no_device_hold")
     flag_changes: list[dict] = []
@@ -363,7 +419,7 @@ def timing_job(payload: dict) -> dict:
     try:
         _warm_up(sides, device, flush, projector, reassert, cover, seconds=float(payload.get("warmup_s", 0.2)))
         if cover is not None:
-            cover.recalibrate()
+            cover.settle()
         announce("timing:rounds")
         order_rng = _RANDOM(derive_seed(secret, "order"))
         started = time.monotonic()
@@ -542,6 +598,8 @@ def _stale_check(side: _Side, reference, namespace, device, projector, reassert,
         inputs = draw_inputs(namespace, call["seed"], device)
         exact, baseline = _reference_projections(reference, inputs, side, index, projector, reassert)
         for got, want, base in zip(kept, exact, baseline):
+            if got is None and want is None:  # neither has elements to compare (a zero-size output, say)
+                continue
             if got is None or want is None:
                 mismatches.append({"call": index, "relative_error": None, "why": "no tensor output"})
                 break

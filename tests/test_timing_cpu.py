@@ -81,22 +81,27 @@ def _bare_cover():
     from kbverify.timing import _Cover
 
     cover = object.__new__(_Cover)  # no device to calibrate against on the CPU: the length rule alone
-    cover.recent_ms, cover.cycles_per_ms = [], 1.0
+    cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], _Cover.CAP_MS, 1.0
     return cover
 
 
-def test_the_hold_follows_the_slowest_recent_host_work_within_its_floor_and_cap():
+def test_the_hold_is_set_from_the_warm_up_calls_that_ended_before_it():
     cover = _bare_cover()
+    assert cover.length_ms == cover.CAP_MS  # warm-up: the longest hold
+    assert cover.observe(0.2) == 0 and cover.observe(0.3) == 0
+    assert cover.observe(cover.CAP_MS + 5) == 1  # waited on the device (or compiled): no evidence of host time
+    cover.fix_length()
+    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.3)
+    assert cover.observe(0.1) == 0 and cover.observe(1.0) == 1
+    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.3)  # fixed for the timed rounds, both sides alike
+
+
+def test_a_forward_that_always_waits_on_the_device_keeps_the_hold_at_its_floor():
+    cover = _bare_cover()
+    for _ in range(5):
+        cover.observe(cover.CAP_MS + 0.4)  # host time is always the hold plus what follows the wait
+    cover.fix_length()
     assert cover.length_ms == cover.FLOOR_MS
-    assert cover.observe(0.2) == 1  # longer than the floor-length hold it had
-    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.2)
-    assert cover.observe(0.1) == 0
-    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.2)
-    cover.observe(1e6)
-    assert cover.length_ms == cover.CAP_MS
-    for _ in range(cover.WINDOW):
-        cover.observe(0.01)
-    assert cover.length_ms == cover.FLOOR_MS  # one slow call is forgotten after a window of calls
 
 
 def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
@@ -107,16 +112,34 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     seen_fresh = seen_refilled = False
     for call in range(40):
-        staged = [torch.full((4, 3), float(call)), 7, [torch.full((2,), float(call))]]
+        base = torch.full((3, 4), float(call))
+        staged = [torch.full((4, 3), float(call)), 7, [torch.full((2,), float(call))], base.t(),
+                  torch.full((2,), float(call)).requires_grad_()]
         placed = side.place(staged)
         assert placed[0] is not staged[0] and torch.equal(placed[0], staged[0]) and placed[1] == 7
-        assert placed[2] is staged[2]  # a nested value is this call's draw, never the last call's
+        assert placed[2][0] is not staged[2][0] and torch.equal(placed[2][0], staged[2][0])  # nested: refilled
+        assert placed[3] is not staged[3] and placed[3].stride() == staged[3].stride()  # layout kept
+        assert torch.equal(placed[3], staged[3])
+        assert placed[4].requires_grad and torch.equal(placed[4].detach(), staged[4].detach())
         if call and placed[0] is previous:
             seen_refilled = True
         elif call:
             seen_fresh = True
         previous = placed[0]
     assert seen_fresh and seen_refilled
+
+
+def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
+    import torch
+
+    from kbverify.timing import _Side
+
+    side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    x = torch.randn(4, 4)
+    weight = torch.nn.Parameter(torch.randn(3))
+    placed = side.place([x, x[1], weight, torch.empty(0)])
+    assert placed[0] is x and placed[1] is not None and placed[1].data_ptr() == x[1].data_ptr()
+    assert placed[2] is weight
 
 
 def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
