@@ -59,7 +59,8 @@ class _Side:
         self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
         self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
-        self.kept: dict[int, list] = {}  # call index → its projections: a uniform reservoir plus the last calls
+        self.reservoir: dict[int, list] = {}  # call index → its projections: a uniform sample of all calls
+        self.recent: dict[int, list] = {}  # the last calls' projections, always checked too
         # Only the reference's own weights are spared the poison: a candidate returning a tensor it keeps (a
         # registered buffer included) must recompute it every call, and its `parameters()` is its own to fake.
         self.own_storages = _own_storages(model) if name == "ref" and isinstance(model, torch.nn.Module) else frozenset()
@@ -72,14 +73,24 @@ class _Side:
         return now
 
     def keep(self, call_index: int, projections: list) -> None:
-        """Reservoir-sample the calls whose outputs are checked against the reference afterwards."""
+        """Which calls' outputs are checked against the reference afterwards: the last KEEP_LAST, and a uniform
+        sample of STALE_CHECKS over every call (Algorithm R: the n-th call enters with probability STALE_CHECKS/n,
+        in place of a uniformly chosen member). Evicting a random member whenever a call came in kept only the
+        last ~80 calls, so a kernel could cheat for most of the run and be honest at the end."""
         self._seen += 1
-        recent = sorted(self.kept)[-KEEP_LAST:] if self.kept else []
-        self.kept[call_index] = projections
-        reservoir = [i for i in sorted(self.kept) if i not in recent and i != call_index]
-        if len(reservoir) > STALE_CHECKS:
-            drop = reservoir[_random_bits(64) % len(reservoir)]
-            del self.kept[drop]
+        self.recent[call_index] = projections
+        for old in sorted(self.recent)[:-KEEP_LAST]:
+            del self.recent[old]
+        if len(self.reservoir) < STALE_CHECKS:
+            self.reservoir[call_index] = projections
+        elif _random_bits(64) % self._seen < STALE_CHECKS:
+            members = sorted(self.reservoir)
+            del self.reservoir[members[_random_bits(64) % len(members)]]
+            self.reservoir[call_index] = projections
+
+    @property
+    def kept(self) -> dict[int, list]:
+        return {**self.reservoir, **self.recent}
 
     def inputs_for(self, call_index: int) -> tuple[int, list]:
         seed = _random_bits(32)  # drawn now: no secret in this process predicts the next call's inputs
@@ -273,7 +284,8 @@ class _Cover:
 
 def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, cover=None):
     """One call: flush, events around the call, projection stream-ordered after it, then a device sync.
-    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, output, early projection).
+    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, flattened outputs, early
+    projection).
 
     Every call starts from an idle device. On a GPU the stream is then held by a device-side wait (`cover`) long
     enough for the host to draw the inputs, enqueue the flush and launch the whole call behind it, so the events
@@ -312,13 +324,15 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
             if device.type == "cuda":
                 start.record()
                 out = side.model(*inputs)
+                # inside the timed region: a returned container's own __iter__ is the submission's code, and
+                # whatever it launches or computes is part of the call
+                flat = flatten_outputs(out)
                 end.record()
                 mark = side.spent("launch", mark)
                 host_ms = (mark - host_started) / 1e6
                 side.host_ms.append(host_ms)
                 if cover is not None:
                     side.uncovered += cover.observe(host_ms)
-                flat = flatten_outputs(out)  # may run the submission's code (a container's __iter__)
                 projecting.record()
                 early = projector(flat)
                 projected.record()
@@ -332,14 +346,17 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
             else:
                 started = time.perf_counter_ns()
                 out = side.model(*inputs)
+                flat = flatten_outputs(out)
                 elapsed = (time.perf_counter_ns() - started) / 1e6
-                early = projector(flatten_outputs(out))
+                early = projector(flat)
                 side.spent("run_and_project", mark)
     finally:
         _restore_gc(collecting)
     side.threads_started = max(side.threads_started, guards.thread_count() - threads)
     side.modes_left.update(guards.modes_left_active(modes))
-    return max(elapsed, EVENT_FLOOR_MS), seed, inputs, out, early
+    # the flattened outputs, a plain list, from here on: iterating the returned object again would run the
+    # submission's code again, outside the timed region
+    return max(elapsed, EVENT_FLOOR_MS), seed, inputs, list(flat), early
 
 
 def _restore_gc(collecting: bool) -> None:
@@ -592,8 +609,9 @@ def _stale_check(side: _Side, reference, namespace, device, projector, reassert,
     wrong_structure = [i for i, call in enumerate(side.calls) if call.get("signature") != signature]
     mismatches = []
     checked = 0
-    for index in sorted(side.kept):
-        call, kept = side.calls[index], side.kept[index]
+    checked_calls = side.kept
+    for index in sorted(checked_calls):
+        call, kept = side.calls[index], checked_calls[index]
         checked += 1
         inputs = draw_inputs(namespace, call["seed"], device)
         exact, baseline = _reference_projections(reference, inputs, side, index, projector, reassert)

@@ -152,3 +152,57 @@ def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
     _poison([model.weight.detach()[0], fresh], _own_storages(model))
     assert torch.isfinite(model.weight).all()
     assert torch.isnan(fresh).all()
+
+
+def test_the_checked_calls_are_a_uniform_sample_of_the_whole_run():
+    import torch
+
+    from kbverify.timing import KEEP_LAST, STALE_CHECKS, _Side
+
+    calls, early_half = 1000, 0
+    for _ in range(5):
+        side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+        for index in range(calls):
+            side.keep(index, [])
+        kept = side.kept
+        assert len(side.reservoir) == STALE_CHECKS and len(kept) <= STALE_CHECKS + KEEP_LAST  # they may overlap
+        assert sorted(kept)[-KEEP_LAST:] == list(range(calls - KEEP_LAST, calls))
+        early_half += sum(index < calls // 2 for index in side.reservoir)
+    # about half of 5 x 24 = 60 in the first half; evicting at random on every call kept none of them
+    assert early_half >= 35
+
+
+LAZY_LIST = """
+import torch
+import torch.nn as nn
+
+class _Out(list):
+    def __init__(self, a, b):
+        super().__init__([torch.empty(a.shape[0], b.shape[1])])
+        self._operands = (a, b)
+
+    def __iter__(self):
+        if self._operands is not None:
+            a, b = self._operands
+            torch.matmul(a, b, out=self[0])  # all the work, once the harness iterates the result
+            self._operands = None
+        return super().__iter__()
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return _Out(a, b)
+"""
+
+
+def test_work_hidden_in_a_returned_containers_iter_is_timed():
+    from kbverify.submissions import make_submission
+
+    verdict = check(parse_task(TASK, name="1_TanhMatmul", level=1, problem_id=1),
+                    make_submission(LAZY_LIST.replace("torch.matmul(a, b, out=self[0])",
+                                                      "torch.tanh(a @ b, out=self[0])"), id="lazy.py"),
+                    PROTOCOL, CheckOptions(device="cpu", timeout_s=120))
+    assert verdict.status.value == "passed", verdict.message
+    assert verdict.speedup < 1.5  # it does the reference's work; before, the clock stopped before __iter__ (86x)
