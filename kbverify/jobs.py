@@ -265,16 +265,17 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
             source_db.close()
             copy_db.close()
     with Store(written or store_path) as store:
-        keyed = store.verdicts()
         rejudged, changes = [], []
-        for unit_key, verdict in keyed:
+        for unit_key, verdict in store.verdicts():
             new = rejudge_verdict(verdict, target)
             if new is None:
                 continue
             if into is not None and verdict.protocol == target.name:
                 store.replace(unit_key, new)
             rejudged.append(new)
-            _note_change(changes, verdict, new)
+            if new.status is not verdict.status:
+                changes.append({"submission": verdict.submission, "task": verdict.task_name,
+                                "from": verdict.status.value, "to": new.status.value, "message": new.message})
         if into is not None:
             store.annotate_runs({"rejudged": target.name, "rejudged_from": str(store_path),
                                  "by_source_sha256": provenance.source_sha256()})
@@ -287,12 +288,6 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
         text += f"rejudged store: {into}\n"
     return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
                                    "tables": tables}}
-
-
-def _note_change(changes: list, verdict, new) -> None:
-    if new.status is not verdict.status:
-        changes.append({"submission": verdict.submission, "task": verdict.task_name, "from": verdict.status.value,
-                        "to": new.status.value, "message": new.message})
 
 
 def run_demo(out: Path) -> dict:

@@ -36,13 +36,13 @@ EXCESSIVE_SPEEDUP = 10.0
 IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
 REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes from the clean process
 UNSYNC_GAP_FRACTION = 0.2
+UNSYNC_GAP_MIN_MS = 0.02
 # Timed outputs checked against the reference: over GROSS_FACTOR x the limit on one call is a wrong output; a
 # smaller excess on more than MARGINAL_FRACTION of the checked calls is a timed path that computes differently.
 GROSS_FACTOR = 3.0
+MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades precision on a few calls gain little
 HOST_TIMED_FRACTION = 0.1
 HOST_JITTER_MS = 0.05
-MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades precision on a few calls gain little
-UNSYNC_GAP_MIN_MS = 0.02
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
                   "float32_matmul_precision": "highest"}
 
@@ -97,7 +97,8 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
         verdict = _check_kernelbench(context)
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
-        worker_s=dict(context.worker_s), provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
+        worker_s=dict(context.worker_s),
+        provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
 
 
 def _base_verdict(context: _Context, status: Status, **fields) -> Verdict:

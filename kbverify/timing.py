@@ -22,6 +22,7 @@ from kbverify.correctness import flatten_outputs
 from kbverify.evaluate import build_reference, construct_candidate, in_protocol_mode, shape_namespaces
 from kbverify.inputs import clone_inputs, derive_seed, draw_inputs
 from kbverify.precision import assert_baseline_flags, set_tf32, tf32_state
+from kbverify.status import Warn
 from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
                              task_from)
 
@@ -48,7 +49,6 @@ class _Side:
     def __init__(self, name: str, model, namespace: dict, device, secret: str, grad: bool):
         self.name, self.model, self.namespace, self.device = name, model, namespace, device
         self.secret, self.grad = secret, grad
-        self.times_ms: list[list[float]] = []
         # projection done → device idle: work the call left running beyond its own stream (the projection's
         # own launches are excluded, or a call faster than the host's launch overhead would look unfinished)
         self.settle_gaps_ms: list[float] = []
@@ -423,7 +423,7 @@ def timing_job(payload: dict) -> dict:
     # torch.cuda._sleep is private API: without it the launch race is back, and the record says so
     cover = _Cover(device) if device.type == "cuda" and _SLEEP is not None else None
     if device.type == "cuda" and cover is None:
-        record["warnings"].append("no_device_hold")
+        record["warnings"].append(Warn.NO_DEVICE_HOLD.value)
     flag_changes: list[dict] = []
 
     def reassert():
@@ -727,5 +727,5 @@ def reference_timing_job(payload: dict) -> dict:
     """The reference alone in a clean process, same method: the check on an in-process baseline."""
     payload = {**payload, "aa": True}
     record = timing_job(payload)
-    return {key: record.get(key) for key in ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls")} | {
-        "rounds": record.get("rounds", [])}
+    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls")
+    return {"rounds": record.get("rounds", []), **{key: record.get(key) for key in kept}}
