@@ -570,6 +570,9 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean)
         if slowed:
             warnings.append(Warn.REFERENCE_SLOWED.value)
+    else:
+        slowed = False
+    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(_instance_differences(rounds, clean, slowed)))
     if estimate.speedup > EXCESSIVE_SPEEDUP:
         warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
     clocks = [r.get("sm_clock_mhz") for r in record.get("rounds", []) if r.get("sm_clock_mhz")]
@@ -579,6 +582,20 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high),
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _instance_differences(rounds: list, clean: dict | None, slowed: bool) -> list[float]:
+    """Log-differences between independent instances of the reference: the one timed beside the candidate
+    against the clean process's, and the clean process's two copies against each other. A reference slowed
+    beside the candidate is not an instance offset (the speedup is already taken against the clean time)."""
+    if not clean or not clean.get("rounds"):
+        return []
+    clean_rounds = [(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]]
+    differences = [math.log(stats.paired_speedup(clean_rounds).speedup)]
+    if not slowed:
+        beside = _median([t for r in rounds for t in r[0]])
+        differences.append(math.log(beside / _median([t for r in clean_rounds for t in r[0]])))
+    return differences
 
 
 def _against_clean_reference(estimate, ref_ms: float, clean: dict | None):

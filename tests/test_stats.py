@@ -306,3 +306,49 @@ def test_stopping_waits_for_the_reported_interval_when_most_ratios_are_identical
     assert stats.half_width(stats.paired_speedup(rounds)) > 0.005
     assert not stats.should_stop(rounds, elapsed_s=0.0, budget_s=2.0, target_half_width=0.005)
     assert stats.should_stop([([0.1] * 3, [0.1] * 3)] * 10, elapsed_s=0.0, budget_s=2.0, target_half_width=0.005)
+
+
+# --- instance offsets: what a rerun redraws -------------------------------------------------------------------
+
+@no_deadline
+@given(st.floats(min_value=0.5, max_value=5.0), st.floats(min_value=0.9, max_value=1.1),
+       st.floats(min_value=0.0, max_value=0.1), st.floats(min_value=0.0, max_value=0.05), st.integers(1, 6))
+def test_widening_for_reruns_keeps_the_estimate_and_contains_the_paired_interval(center, skew, width, spread, dof):
+    est = SpeedupEstimate(center, center / (1 + width), center * (1 + width * skew), 20, "order_statistic")
+    wide = stats.widen_for_reruns(est, spread, dof)
+    assert wide.speedup == est.speedup
+    assert wide.ci_low <= est.ci_low + 1e-12 and wide.ci_high >= est.ci_high - 1e-12
+    assert math.isfinite(wide.ci_low) and math.isfinite(wide.ci_high) and wide.ci_low > 0
+    if spread == 0:
+        assert wide == est
+
+
+@given(st.lists(st.floats(min_value=-0.1, max_value=0.1), min_size=1, max_size=6))
+def test_instance_spread_is_sign_blind_and_counts_its_differences(differences):
+    spread, dof = stats.instance_spread(differences)
+    assert dof == len(differences)
+    assert spread == pytest.approx(stats.instance_spread([-d for d in differences])[0])
+    assert spread == pytest.approx(math.sqrt(sum(d * d for d in differences) / len(differences) / 2))
+    assert stats.instance_spread([]) == (0.0, 0)
+
+
+def _run_with_instance_offsets(rng, log_truth, sigma_instance, sigma_round, n_rounds=30):
+    """One verdict's worth of evidence: a paired run whose two instances each carry a fixed offset, plus the two
+    instance differences a verdict has (beside vs clean process, clean copy vs clean copy)."""
+    beside, candidate, clean_a, clean_b = rng.normal(0.0, sigma_instance, 4)
+    log_ratios = log_truth + beside - candidate + rng.normal(0.0, sigma_round, n_rounds)
+    est = stats.speedup_from_log_ratios(log_ratios)
+    noise = rng.normal(0.0, sigma_round / 5, 2)
+    spread = stats.instance_spread([beside - clean_a + noise[0], clean_a - clean_b + noise[1]])
+    return est, stats.widen_for_reruns(est, *spread)
+
+
+@pytest.mark.parametrize("sigma_instance, sigma_round", [(0.01, 0.003), (0.02, 0.01), (0.003, 0.005)])
+def test_widened_intervals_cover_the_truth_when_instances_carry_offsets(sigma_instance, sigma_round):
+    rng = np.random.default_rng(5)
+    truth = 1.2
+    runs = [_run_with_instance_offsets(rng, math.log(truth), sigma_instance, sigma_round) for _ in range(600)]
+    paired = np.mean([est.ci_low <= truth <= est.ci_high for est, _ in runs])
+    widened = np.mean([wide.ci_low <= truth <= wide.ci_high for _, wide in runs])
+    assert paired < 0.8  # the paired interval alone misses most of the offset
+    assert 0.94 <= widened <= 0.99  # honest, and not wider than it needs to be

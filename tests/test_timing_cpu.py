@@ -68,6 +68,8 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     assert low <= verdict.speedup <= high
     assert 0.45 < verdict.speedup < 0.55, verdict.speedup
     assert verdict.speed_class == "slower"
+    # the budget is a cap: no round starts that would end past it
+    assert verdict.timing["interleaved"]["timing_s"] <= PROTOCOL.timing_budget_s
 
 
 @pytest.mark.slow
@@ -94,6 +96,19 @@ def test_the_hold_is_set_from_the_warm_up_calls_that_ended_before_it():
     assert cover.length_ms == pytest.approx(cover.MARGIN * 0.3)
     assert cover.observe(0.1) == 0 and cover.observe(1.0) == 1
     assert cover.length_ms == pytest.approx(cover.MARGIN * 0.3)  # fixed for the timed rounds, both sides alike
+
+
+def test_the_first_call_of_each_side_does_not_set_the_hold_but_a_later_outlier_does():
+    cover = _bare_cover()
+    for host_ms in (1.4, 0.9, 0.3, 0.25, 0.3, 0.2):  # ref and cand's first calls pay one-time costs
+        cover.observe(host_ms)
+    cover.fix_length()
+    assert cover.length_ms == pytest.approx(cover.MARGIN * 0.3)
+    later = _bare_cover()
+    for host_ms in (1.4, 0.9, 0.3, 0.8, 0.3, 0.2):
+        later.observe(host_ms)
+    later.fix_length()
+    assert later.length_ms == pytest.approx(later.MARGIN * 0.8)
 
 
 def test_a_forward_that_always_waits_on_the_device_keeps_the_hold_at_its_floor():

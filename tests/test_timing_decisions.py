@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from kbverify import stats
 from kbverify.protocols import VERIFIED
 from kbverify.records import Verdict
 from kbverify.runner import decide_timing
@@ -39,8 +40,9 @@ def test_slowed_reference_gives_the_speedup_against_the_clean_time():
     assert decided.speedup == pytest.approx(1.6, rel=0.02)  # not 2.7
     assert decided.speedup_ci[0] <= decided.speedup <= decided.speedup_ci[1] < 1.7
     # wider than the paired interval alone, by the clean time's own A/A uncertainty
-    paired = decide_timing(_verdict(ref_beside_ms=0.16, clean_ms=0.16, cand_ms=0.10), VERIFIED)
-    assert (decided.speedup_ci[1] / decided.speedup_ci[0]) > (paired.speedup_ci[1] / paired.speedup_ci[0])
+    record = _verdict(ref_beside_ms=0.27, clean_ms=0.16, cand_ms=0.10).timing["interleaved"]
+    paired = stats.paired_speedup([(r["ref_ms"], r["cand_ms"]) for r in record["rounds"]])
+    assert (decided.speedup_ci[1] / decided.speedup_ci[0]) > (paired.ci_high / paired.ci_low)
     assert decided.ref_time_ms == pytest.approx(0.16, rel=0.02)
 
 
@@ -108,3 +110,23 @@ def test_extra_host_work_beyond_the_references_device_time_is_flagged():
     assert Warn.HOST_OVERHEAD.value in with_host(0.05, 0.5).warnings  # 0.45 ms more host work, 0.16 ms reference
     assert Warn.HOST_OVERHEAD.value not in with_host(0.05, 0.1).warnings
     assert Warn.HOST_OVERHEAD.value not in with_host(0.19, 0.26).warnings  # within the host's jitter
+
+
+def test_an_offset_between_reference_instances_widens_the_interval_by_what_a_rerun_redraws():
+    """The reference beside the candidate 3% off the clean process's copy: an instance offset a rerun redraws
+    for both sides, so the interval must reach well beyond the paired one (which stays ±1% here)."""
+    steady = decide_timing(_verdict(ref_beside_ms=0.16, clean_ms=0.16, cand_ms=0.10), VERIFIED)
+    offset = decide_timing(_verdict(ref_beside_ms=0.165, clean_ms=0.16, cand_ms=0.10), VERIFIED)
+    low, high = offset.speedup_ci
+    assert low <= offset.speedup <= high
+    assert high / low > 1.15  # t(2)·√2·(3%/√2·…): several times the ±1% of the paired interval
+    assert (high / low) > 3 * (steady.speedup_ci[1] / steady.speedup_ci[0] - 1) + 1
+    # an estimate alone cannot claim `faster` beyond what the instance offset allows
+    assert offset.speed_class == "faster"  # 1.65x stays clear even so
+    narrow = decide_timing(_verdict(ref_beside_ms=0.103, clean_ms=0.10, cand_ms=0.10), VERIFIED)
+    assert narrow.speed_class == "ambiguous"  # 1.03x with a 3% instance offset is not a claim
+
+
+def test_without_a_clean_reference_the_paired_interval_stands():
+    decided = decide_timing(_verdict(ref_beside_ms=0.165, clean_ms=None, cand_ms=0.10), VERIFIED)
+    assert decided.speedup_ci[1] / decided.speedup_ci[0] < 1.03
