@@ -453,7 +453,9 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
             f"{n_claims} claimed speedups (mean {_x(summary['claimed']['mean'])}); "
             f"{unverifiable['n']} claims cannot be verified (no code or no task).", ""]
     out += ["## fast_p", "", "Share of all tasks that are correct and faster than p× (failures and unverifiable "
-            "claims stay in the denominator); *confident*: the lower 95% bound of the speedup is above p.", ""]
+            "claims stay in the denominator); *confident*: the lower 95% bound of the speedup is above p. Under "
+            "protocols with a clean reference that bound includes what a rerun redraws (each model copy's own "
+            "offset), not only the run's own noise.", ""]
     out += [_md_table(*_fast_p_header(summary)), "", _md_table(*_overview_rows(summary)), ""]
     out += ["## Per level", "", _md_table(*_level_rows(summary)), ""]
     out += ["## Status changes between protocols", ""]
