@@ -101,17 +101,18 @@ class ModelNew(Model):
 '''
 
 
-def _timing_payload(task: Task, source: str, args) -> dict:
+def _timing_payload(task: Task, source: str, args, jitter_bytes: int = 0) -> dict:
     return {"task_source": task.source, "task_name": task.name, "submission_source": source,
             "device": args.device, "secret": new_run_secret(), "budget_s": args.budget_s,
             "ci_half_width": args.ci_half_width, "train_mode": True, "baseline_matmul_tf32": True,
-            "baseline_cudnn_tf32": True, "candidate_grad_enabled": False}
+            "baseline_cudnn_tf32": True, "candidate_grad_enabled": False, "placement_jitter_bytes": jitter_bytes}
 
 
-def _interleaved(job: str, task: Task, source: str, args) -> dict:
+def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0) -> dict:
     """One measurement in a fresh worker; the estimate is recomputed here from the raw rounds."""
     started = time.monotonic()
-    outcome = run_child(job, _timing_payload(task, source, args), timeout_s=args.timeout_s, device=args.device)
+    outcome = run_child(job, _timing_payload(task, source, args, jitter_bytes), timeout_s=args.timeout_s,
+                        device=args.device)
     wall_s = time.monotonic() - started
     record = outcome.result or {}
     rounds = [(r["ref_ms"], r["cand_ms"]) for r in record.get("rounds", [])]
@@ -187,6 +188,7 @@ def summarize(name: str, entry: dict) -> dict:
     kb = entry.get("kernelbench_aa", [])
     twice = entry.get("twice") or {}
     cold = entry.get("twice_cold") or {}
+    jittered = [m for m in entry.get("aa_jitter", []) if "estimate" in m]
     tf32 = entry.get("tf32_vs_default") or {}
     ratios = [m["ratio"] for m in kb]
     return {
@@ -207,6 +209,8 @@ def summarize(name: str, entry: dict) -> dict:
         "twice_cold_ci": cold.get("ci"),
         "twice_cold_covers_half": (cold["ci"][0] <= 0.5 <= cold["ci"][1]) if "ci" in cold else None,
         "between_rounds_ms": _median(m.get("between_rounds_ms") for m in aa),
+        "aa_jitter_abs_dev": _median(abs(m["estimate"] - 1.0) for m in jittered) if jittered else None,
+        "aa_jitter_ci_half_width": _median(m["ci_half_width"] for m in jittered) if jittered else None,
         # the candidate ran with default flags against the TF32 baseline: TF32's gain is its reciprocal
         "tf32_gain": (1.0 / tf32["estimate"]) if "estimate" in tf32 else None,
         "tf32_gain_ci": [1.0 / tf32["ci"][1], 1.0 / tf32["ci"][0]] if "ci" in tf32 else None,
@@ -219,7 +223,7 @@ def _fmt(value, spec: str, scale: float = 1.0) -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = ("task", "ref ms", "A/A |d|", "A/A CI±", "CI∋1", "s/meas", "rounds", "KB |d|", "KB ½range",
-              "2x est", "2x CI", "2x cold", "2x cold CI", "TF32 gain")
+              "2x est", "2x CI", "2x cold", "2x cold CI", "TF32 gain", "A/A |d| jitter")
     lines = [header]
     for r in rows:
         twice_ci = "-" if not r["twice_ci"] else f"[{r['twice_ci'][0]:.3f}, {r['twice_ci'][1]:.3f}]"
@@ -229,7 +233,7 @@ def print_table(rows: list[dict]) -> None:
                       _fmt(r["aa_timing_s"], ".2f"), _fmt(r["aa_rounds"], ".0f"),
                       _fmt(r["kb_abs_dev"], ".2f", 100) + "%", _fmt(r["kb_half_range"], ".2f", 100) + "%",
                       _fmt(r["twice"], ".3f"), twice_ci, _fmt(r["twice_cold"], ".3f"), cold_ci,
-                      _fmt(r["tf32_gain"], ".2f")))
+                      _fmt(r["tf32_gain"], ".2f"), _fmt(r["aa_jitter_abs_dev"], ".3f", 100) + "%"))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for index, line in enumerate(lines):
         print("  ".join(str(cell).rjust(width) for cell, width in zip(line, widths)))
@@ -247,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci-half-width", type=float, default=0.005, help="adaptive stop: target CI half-width")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="hard limit per worker")
     parser.add_argument("--only", default="", help="comma-separated task names (default: all)")
+    parser.add_argument("--placement-jitter-bytes", type=int, default=0,
+                        help="also run the A/A with a spacer of up to this many bytes before each call's tensors")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.device.startswith("cuda"):
@@ -267,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             entry["aa"].append(_interleaved("reference_timing", task, "", args))
             print(f"{bench.name}: A/A {repeat + 1}/{args.repeats}: {_brief(entry['aa'][-1])}", flush=True)
+        for repeat in range(args.repeats if args.placement_jitter_bytes else 0):
+            entry.setdefault("aa_jitter", []).append(
+                _interleaved("reference_timing", task, "", args, args.placement_jitter_bytes))
+            print(f"{bench.name}: A/A with placement jitter {repeat + 1}/{args.repeats}: "
+                  f"{_brief(entry['aa_jitter'][-1])}", flush=True)
         entry["twice"] = _interleaved("timing", task, TWICE_SOURCE, args)
         print(f"{bench.name}: 2x case: {_brief(entry['twice'])}", flush=True)
         entry["twice_cold"] = _interleaved("timing", task, TWICE_COLD_SOURCE, args)

@@ -145,6 +145,23 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     assert seen_fresh and seen_refilled
 
 
+def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_tensors():
+    import torch
+
+    from kbverify.timing import _Side
+
+    side = _Side("ref", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    side.place([torch.zeros(4)])
+    assert side.spacer is None  # off unless asked for
+    side.jitter_bytes = 1 << 16
+    sizes = set()
+    for _ in range(20):
+        side.place([torch.zeros(4)])
+        assert 512 <= side.spacer.numel() <= (1 << 16) + 512 and side.spacer.numel() % 512 == 0
+        sizes.add(side.spacer.numel())
+    assert len(sizes) > 5
+
+
 def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
     import torch
 
