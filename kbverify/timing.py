@@ -743,7 +743,8 @@ def _bandwidth(device) -> float | None:
 class _SmClock:
     """The SM clock, read once per round. `torch.cuda.clock_rate` initialises NVML and resolves the device on
     every call (with a GPU UUID in CUDA_VISIBLE_DEVICES it loads the NVML library and lists every GPU each
-    time); the handle is resolved once here instead. Rounds on the H200 took 40 ms more than their calls."""
+    time), so the handle is resolved once here; it is the first suspect for the 14-140 ms by which rounds
+    outlasted their calls on the H200. Without the private helper, the public call as before."""
 
     def __init__(self, device):
         self._read = None
@@ -755,9 +756,9 @@ class _SmClock:
             handle = torch.cuda._get_pynvml_handler(device)
             sm = pynvml.NVML_CLOCK_SM
             pynvml.nvmlDeviceGetClockInfo(handle, sm)
-        except Exception:  # noqa: BLE001 - needs nvidia-ml-py and the private helper; absent is fine
-            return
-        self._read = lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, sm))
+            self._read = lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, sm))
+        except Exception:  # noqa: BLE001 - needs nvidia-ml-py and the private helper
+            self._read = lambda: int(torch.cuda.clock_rate(device))
 
     def __call__(self) -> int | None:
         if self._read is None:
