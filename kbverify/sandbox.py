@@ -35,7 +35,7 @@ def last_worker_info(device: str) -> dict | None:
 # Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
 # children, so it is imported in each child instead.
 PRELOAD = ["torch", "numpy", "kbverify.worker", "kbverify.evaluate", "kbverify.timing", "kbverify.kernelbench_v01",
-           "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
+           "kbverify.correctness", "kbverify.hidden", "kbverify.stats", "scipy.stats"]
 
 
 def _forkserver():

@@ -9,7 +9,9 @@ For each benchmark task (references from ~10 us to a few ms):
   2. The known 2x case: a ModelNew that calls the reference forward twice, timed by the `timing` worker against
      one call: the estimate should be about 0.5 with 0.5 inside (or close to) its CI. Twice on the same inputs
      the second call reads what the first left in L2; the "cold" variant runs the second call on inputs of its
-     own, so nothing is shared and the work is exactly doubled.
+     own, so nothing is shared and the work is exactly doubled. A fixed cost per timed call (the event pair,
+     the first launch) puts the 2x case above 0.5 by its share; a 3x case checks that: predicted from the 2x
+     case alone under t_k = k*W + f, its measurement must contain the prediction, and f is printed in us.
   3. KernelBench's method (time_execution_with_cuda_event: 3 warm-ups, 100 trials on the same inputs, a
      synchronise after each, mean; reference then copy, no interleaving), re-implemented here, same repeats.
   4. For matmul and convolution tasks: the TF32 baseline (matmul and cuDNN TF32 on, as `verified` times it)
@@ -81,6 +83,27 @@ class ModelNew(Model):
     def forward(self, *args):
         out = super().forward(*args)
         super().forward(*[getattr(self, f"_spare{index}", value) for index, value in enumerate(self._spare)])
+        return out
+'''
+
+# Three times the work, the second and third calls on inputs of their own. With a fixed cost f per timed call
+# (the event pair, the first launch) on top of the work W, t_k = k*W + f: the 2x case comes out above 0.5 by
+# f's share, and the 3x case is then predicted by the 2x case alone (1/rho_3 = 2/rho_2 - 1). The prediction
+# holding is what shows the estimator measures added work exactly; f is reported in microseconds.
+THRICE_COLD_SOURCE = '''
+class ModelNew(Model):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._spares = [list(get_inputs()), list(get_inputs())]
+        for copy, spare in enumerate(self._spares):
+            for index, value in enumerate(spare):
+                if isinstance(value, torch.Tensor):
+                    self.register_buffer(f"_spare{copy}_{index}", value)
+
+    def forward(self, *args):
+        out = super().forward(*args)
+        for copy, spare in enumerate(self._spares):
+            super().forward(*[getattr(self, f"_spare{copy}_{index}", value) for index, value in enumerate(spare)])
         return out
 '''
 
@@ -191,9 +214,11 @@ def summarize(name: str, entry: dict) -> dict:
     jittered = [m for m in entry.get("aa_jitter", []) if "estimate" in m]
     tf32 = entry.get("tf32_vs_default") or {}
     ratios = [m["ratio"] for m in kb]
+    linearity = fixed_cost_check(cold, entry.get("thrice_cold") or {})
+    ref_ms = _median(m["ref_ms"] for m in aa)
     return {
         "task": name,
-        "ref_ms": _median(m["ref_ms"] for m in aa),
+        "ref_ms": ref_ms,
         "aa_abs_dev": _median(abs(m["estimate"] - 1.0) for m in aa),
         "aa_ci_half_width": _median(m["ci_half_width"] for m in aa),
         "aa_ci_covers_1": sum(m["ci"][0] <= 1.0 <= m["ci"][1] for m in aa),
@@ -208,6 +233,13 @@ def summarize(name: str, entry: dict) -> dict:
         "twice_cold": cold.get("estimate"),
         "twice_cold_ci": cold.get("ci"),
         "twice_cold_covers_half": (cold["ci"][0] <= 0.5 <= cold["ci"][1]) if "ci" in cold else None,
+        "thrice_cold": linearity.get("measured"),
+        "thrice_cold_ci": linearity.get("ci"),
+        "thrice_predicted": linearity.get("predicted"),
+        "thrice_predicted_in_ci": linearity.get("predicted_in_ci"),
+        "fixed_cost_share": linearity.get("fixed_share"),
+        "fixed_cost_us": (linearity["fixed_share"] * ref_ms * 1e3
+                          if linearity.get("fixed_share") is not None and ref_ms else None),
         "between_rounds_ms": _median(m.get("between_rounds_ms") for m in aa),
         "aa_jitter_abs_dev": _median(abs(m["estimate"] - 1.0) for m in jittered) if jittered else None,
         "aa_jitter_ci_half_width": _median(m["ci_half_width"] for m in jittered) if jittered else None,
@@ -217,13 +249,25 @@ def summarize(name: str, entry: dict) -> dict:
     }
 
 
+def fixed_cost_check(twice: dict, thrice: dict) -> dict:
+    """The 3x case predicted from the 2x case under t_k = k*W + f (see THRICE_COLD_SOURCE), against its
+    measurement; `fixed_share` is f / t_1."""
+    if "estimate" not in twice or "estimate" not in thrice:
+        return {}
+    predicted = 1.0 / (2.0 / twice["estimate"] - 1.0)
+    return {"measured": thrice["estimate"], "ci": thrice["ci"], "predicted": predicted,
+            "predicted_in_ci": thrice["ci"][0] <= predicted <= thrice["ci"][1],
+            "fixed_share": 2.0 - 1.0 / twice["estimate"]}
+
+
 def _fmt(value, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, spec)
 
 
 def print_table(rows: list[dict]) -> None:
     header = ("task", "ref ms", "A/A |d|", "A/A CI±", "CI∋1", "s/meas", "rounds", "KB |d|", "KB ½range",
-              "2x est", "2x CI", "2x cold", "2x cold CI", "TF32 gain", "A/A |d| jitter")
+              "2x est", "2x CI", "2x cold", "2x cold CI", "3x cold [CI]", "3x pred", "fixed µs", "TF32 gain",
+              "A/A |d| jitter")
     lines = [header]
     for r in rows:
         twice_ci = "-" if not r["twice_ci"] else f"[{r['twice_ci'][0]:.3f}, {r['twice_ci'][1]:.3f}]"
@@ -233,6 +277,9 @@ def print_table(rows: list[dict]) -> None:
                       _fmt(r["aa_timing_s"], ".2f"), _fmt(r["aa_rounds"], ".0f"),
                       _fmt(r["kb_abs_dev"], ".2f", 100) + "%", _fmt(r["kb_half_range"], ".2f", 100) + "%",
                       _fmt(r["twice"], ".3f"), twice_ci, _fmt(r["twice_cold"], ".3f"), cold_ci,
+                      "-" if not r["thrice_cold_ci"] else
+                      f"{r['thrice_cold']:.3f} [{r['thrice_cold_ci'][0]:.3f}, {r['thrice_cold_ci'][1]:.3f}]",
+                      _fmt(r["thrice_predicted"], ".3f"), _fmt(r["fixed_cost_us"], ".2f"),
                       _fmt(r["tf32_gain"], ".2f"), _fmt(r["aa_jitter_abs_dev"], ".3f", 100) + "%"))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for index, line in enumerate(lines):
@@ -282,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{bench.name}: 2x case: {_brief(entry['twice'])}", flush=True)
         entry["twice_cold"] = _interleaved("timing", task, TWICE_COLD_SOURCE, args)
         print(f"{bench.name}: 2x case, second call on its own inputs: {_brief(entry['twice_cold'])}", flush=True)
+        entry["thrice_cold"] = _interleaved("timing", task, THRICE_COLD_SOURCE, args)
+        print(f"{bench.name}: 3x case, each call on its own inputs: {_brief(entry['thrice_cold'])}", flush=True)
         if bench.tf32_sensitive:
             entry["tf32_vs_default"] = _interleaved("timing", task, DEFAULT_FLAGS_SOURCE, args)
             print(f"{bench.name}: default flags vs TF32: {_brief(entry['tf32_vs_default'])}", flush=True)
