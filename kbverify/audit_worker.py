@@ -240,11 +240,13 @@ def _replayable(marks: _Marks, default: _FamilyRun, record: dict) -> bool:
     """Whether the re-randomised family would repeat the default family's computations bit for bit: the model has
     no floating state to redraw (so both models are the same: same class, same arguments, same seed), and the
     reference is deterministic — every stochastic rerun (same set, reseeded) gave identical outputs (‖Δ‖ = 0 and
-    max|Δ| = 0). The default family must also have run cleanly (every model built, no error in its checks), so
-    that nothing in it depended on a failure that might not recur."""
+    max|Δ| = 0). The default family must also have run cleanly (every model built, the reference raising on no
+    set — out of memory, say, may not recur —, no error in its checks), so that nothing in it depended on a
+    failure that might not recur."""
     reruns = record["stochastic"]
     family = record["families"][marks.families]
-    return (default.weightless and not family["note"] and len(record["errors"]) == marks.errors
+    raised = any(s.get("invalid_reason", "").startswith("reference raised") for s in record["sets"][marks.sets:])
+    return (default.weightless and not family["note"] and not raised and len(record["errors"]) == marks.errors
             and bool(reruns) and all(r["diff_norm"] == 0.0 and r["max_abs_diff"] == 0.0 for r in reruns))
 
 
@@ -528,12 +530,13 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
                 error = "no differentiable output"
             else:
                 generator = torch.Generator(device=context.device).manual_seed(derive_seed("audit", "projection"))
-                projections = [torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)
-                               for o in differentiable]
+                # A scalar loss, not backward(outputs, grad_tensors=r): explicit gradients make torch import
+                # sympy (its shape check), a quarter of a second in every audit process, for one output-sized
+                # temporary saved (the product; autograd keeps r, not it).
+                loss = sum((o * torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)).sum()
+                           for o in differentiable)
                 output_norm = math.sqrt(sum(_norm(o.detach()) ** 2 for o in differentiable))
-                # ∂Σ⟨o, r⟩/∂o is r exactly: seeding the backward pass with r gives that gradient without the
-                # output-sized products a loss would keep for its own backward
-                torch.autograd.backward(differentiable, grad_tensors=projections)
+                loss.backward()
     except BaseException as error_:  # noqa: BLE001 - no gradient: every input and parameter is a candidate
         _stop_if_out_of_memory(error_)
         if is_cuda_fatal(error_):

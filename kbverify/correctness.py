@@ -214,7 +214,8 @@ def _screen_tensor(ref, cand) -> dict:
 
     step = max(1, ref.numel() // SCREEN_SAMPLE)
     r = ref.detach().reshape(-1)[::step].to(torch.float64)
-    c = cand.detach().to(device=ref.device).reshape(-1)[::step].to(torch.float64)
+    # the sample moved, not the whole candidate: the same values as moving it first
+    c = cand.detach().reshape(-1)[::step].to(device=ref.device, dtype=torch.float64)
     ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
     nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
     mismatch = int(torch.count_nonzero((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)))
