@@ -196,6 +196,12 @@ def protocol_from_dict(data: dict) -> Protocol:
     return Protocol(**{**data, "distributions": tuple(data["distributions"])})
 
 
+def judged_protocols(kernel: str, protocol: Protocol, distributions: Sequence[str]) -> list[Protocol]:
+    """The protocols null kernel `kernel` is judged by for `protocol`: the protocol itself, and for the input
+    itself also its rule over every audited distribution (the identity test). The worker tracks these only."""
+    return [protocol] + ([every_distribution(protocol, distributions)] if kernel == "input" else [])
+
+
 def every_distribution(protocol: Protocol, distributions: Sequence[str]) -> Protocol:
     """`protocol`'s rule over every audited distribution (named "<p>*"): the identity test for degeneracy."""
     wanted = tuple(dict.fromkeys((*protocol.distributions, *distributions)))
@@ -230,6 +236,9 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     protocols = _resolve(protocols)
     judged = _with_identity_variants(protocols, settings.distributions)
     worker_settings = settings.worker_dict()
+    judged_by = {kernel: sorted({p.name for protocol in protocols
+                                 for p in judged_protocols(kernel, protocol, settings.distributions)})
+                 for kernel in settings.null_kernels}
     fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
     done = _read_partial(partial, fingerprint) if (partial is not None and resume) else {}
@@ -245,7 +254,7 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
         if line is None and claim is not None and not claim(task):
             continue
         if line is None:
-            line = _run_task(task, worker_settings, judged, device, settings.timeout_s)
+            line = _run_task(task, worker_settings, judged, device, settings.timeout_s, judged_by)
             line["settings_sha256"] = fingerprint
             if partial is not None:
                 _append_line(partial, line)
@@ -282,10 +291,11 @@ def _settings_sha256(worker_settings: dict, protocols: list[Protocol], device: s
 
 
 def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], device: str,
-              timeout_s: float) -> dict:
+              timeout_s: float, judged_by: dict[str, list[str]] | None = None) -> dict:
+    """`judged_by`: null kernel → the protocols `assess` judges it by (the worker tracks no others)."""
     payload = {"task_source": task.source, "task_name": task.name, "device": device,
                "settings": worker_settings, "protocols": [p.to_dict() for p in protocols],
-               "committed_shapes": _committed_shapes(task, worker_settings)}
+               "committed_shapes": _committed_shapes(task, worker_settings), "null_kernel_protocols": judged_by}
     outcome = run_child("audit", payload, timeout_s=timeout_s, device=device)
     line = {"key": task.key, "name": task.name, "level": task.level, "sha256": task.sha256, "path": task.path,
             "wall_s": outcome.wall_s, "raw": None, "error": None}
@@ -494,8 +504,7 @@ def _null_kernels(raw: dict, valid: dict, protocols: Sequence[Protocol], distrib
     tf32 = raw.get("tf32", {})
     for name, result in raw.get("null_kernels", {}).items():
         for protocol in protocols:
-            judged = [protocol] + ([every_distribution(protocol, distributions)] if name == "input" else [])
-            for variant in judged:
+            for variant in judged_protocols(name, protocol, distributions):
                 passes, detail = _passes(result, valid, tf32, variant)
                 found.passes[(name, variant.name)] = passes
                 if not passes or variant is not protocol:
@@ -514,6 +523,10 @@ def _passes(result: dict, valid: dict, tf32: dict, protocol: Protocol) -> tuple[
         return False, {}
     worst_norm, max_ref = 0.0, 0.0
     for check in checks:
+        if "screened" in check:
+            # The worker retired the kernel on this set from a sample alone, because every protocol still alive
+            # for it certainly rejects it there (correctness.certainly_rejects); the others had failed before.
+            return False, {}
         outcome, _, _ = judge_set(check["summary"], tf32.get(check["set_id"]), protocol)
         if outcome != "passed":
             return False, {}

@@ -8,8 +8,14 @@ seed's), so memory stays a few outputs whatever the number of sets.
 
 Null kernels (zeros, ones, the input itself, another seed's output or its mean, the reference in bf16 or fp16)
 are compared with `correctness.summarize`. To stay cheap, a null kernel is dropped as soon as every protocol
-that could still accept it has rejected it on some set — usually on the very first set. The worker only uses
-`judge_set` to decide what to compute next; the parent re-judges every recorded summary.
+that could still accept it has rejected it on some set — usually on the very first set — and it is tracked only
+under the protocols the parent judges it by (the every-distribution variants only for the input itself). Before
+the full float64 comparison, `correctness.screen` measures a sample of elements exactly; when that alone proves
+every live protocol rejects the kernel (`correctness.certainly_rejects`), the kernel is retired with the sample
+as its evidence. The worker only uses `judge_set` to decide what to compute next; the parent re-judges every
+recorded summary.
+
+Outputs of 10⁹ elements are reduced in chunks (`CHUNK_ELEMENTS`), never copied whole to float64.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ import copy
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict
-from kbverify.correctness import flatten_outputs, judge_set, summarize
+from kbverify.correctness import (CHUNK_ELEMENTS, certainly_rejects, flatten_outputs, judge_set, screen,
+                                  summarize)
 from kbverify.evaluate import build_reference, set_inputs, shape_namespaces
 from kbverify.inputs import derive_seed
 from kbverify.precision import set_tf32
@@ -67,7 +75,8 @@ def _audit(payload: dict) -> dict:
     started = time.monotonic()
     shapes = _shapes(task, settings, record, payload.get("committed_shapes"))
     record["phase_s"]["hidden_shapes"] = time.monotonic() - started
-    nulls = _NullKernels(settings["null_kernels"], protocols, settings.get("low_precision_seeds", 1 << 30))
+    nulls = _NullKernels(settings["null_kernels"], protocols, settings.get("low_precision_seeds", 1 << 30),
+                         judged_by=payload.get("null_kernel_protocols"), screened=payload.get("null_screen", True))
     for shape, overrides in shapes:
         announce(f"audit:load:{shape}")
         try:
@@ -77,12 +86,8 @@ def _audit(payload: dict) -> dict:
             record["errors"].append({"phase": f"load:{shape}", "error": short_error(error)})
             continue
         seeds = settings["input_seeds"] if shape == "original" else settings["input_seeds"][:settings["hidden_seeds"]]
-        for weights in ("default", "rerandomized"):
-            phase = time.monotonic()
-            fatal = _run_family(namespace, shape, weights, seeds, settings, device, nulls, record)
-            record["phase_s"][f"sets:{shape}:{weights}"] = time.monotonic() - phase
-            if fatal:
-                return _finish(record, nulls)
+        if _run_shape(namespace, shape, seeds, settings, device, nulls, record, payload.get("replay", True)):
+            return _finish(record, nulls)
         if shape == "original":
             for name, job in (("dead", _dead_check), ("timing", _timing)):
                 phase = time.monotonic()
@@ -96,6 +101,25 @@ def _audit(payload: dict) -> dict:
                         return _finish(record, nulls)
                 record["phase_s"][name] = time.monotonic() - phase
     return _finish(record, nulls)
+
+
+def _run_shape(namespace, shape, seeds, settings, device, nulls, record, replay: bool) -> bool:
+    """Both weight regimes of one shape (`replay`: the re-randomised one copied from the default one where that is
+    what running it would give; off only to show it changes nothing). Returns True after a fatal CUDA error."""
+    phase = time.monotonic()
+    marks = _Marks(len(record["sets"]), len(record["families"]), len(record["errors"]))
+    default = _run_family(namespace, shape, "default", seeds, settings, device, nulls, record)
+    record["phase_s"][f"sets:{shape}:default"] = time.monotonic() - phase
+    if default.fatal:
+        return True
+    phase = time.monotonic()
+    if replay and _replayable(marks, default, record):
+        _replay_family(marks, record, nulls, device)
+        fatal = False
+    else:
+        fatal = _run_family(namespace, shape, "rerandomized", seeds, settings, device, nulls, record).fatal
+    record["phase_s"][f"sets:{shape}:rerandomized"] = time.monotonic() - phase
+    return fatal
 
 
 def _finish(record: dict, nulls: "_NullKernels") -> dict:
@@ -132,8 +156,23 @@ def _shapes(task, settings: dict, record: dict, committed: list[dict] | None) ->
 
 # ---- the sets of one (shape, weight regime) ----------------------------------------------------------------
 
-def _run_family(namespace, shape, weights, seeds, settings, device, nulls, record) -> bool:
-    """Every (distribution, seed) set of one shape and weight regime. Returns True after a fatal CUDA error."""
+@dataclass(frozen=True)
+class _FamilyRun:
+    fatal: bool  # a fatal CUDA error: nothing more can run in this process
+    weightless: bool  # the model has no non-empty floating parameter or buffer: re-randomising changes nothing
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """Where a family's entries begin in the record's lists."""
+
+    sets: int
+    families: int
+    errors: int
+
+
+def _run_family(namespace, shape, weights, seeds, settings, device, nulls, record) -> _FamilyRun:
+    """Every (distribution, seed) set of one shape and weight regime."""
     family = {"shape": shape, "weights": weights, "compared": 0, "max_abs_spread": 0.0, "max_abs": 0.0,
               "anchor": None, "note": ""}
     record["families"].append(family)
@@ -143,17 +182,28 @@ def _run_family(namespace, shape, weights, seeds, settings, device, nulls, recor
     except BaseException as error:  # noqa: BLE001
         _stop_if_out_of_memory(error)
         family["note"] = "construct raised: " + short_error(error)
-        return is_cuda_fatal(error)
+        return _FamilyRun(fatal=is_cuda_fatal(error), weightless=False)
+    # rerandomized_state keeps non-floating and empty entries as they are and redraws every other one
+    weightless = not any(v.is_floating_point() and v.numel() for v in model.state_dict().values())
+    fatal = _run_sets(namespace, shape, weights, seeds, settings, device, nulls, record, family, model)
+    del model
+    if not fatal and device.type == "cuda":
+        torch.cuda.empty_cache()  # the family's outputs and model gone: give their memory back to the other audits
+    return _FamilyRun(fatal=fatal, weightless=weightless)
+
+
+def _run_sets(namespace, shape, weights, seeds, settings, device, nulls, record, family, model) -> bool:
+    """The family's sets, in order. Returns True after a fatal CUDA error."""
     anchor = None
     context = _FamilyContext(namespace, model, device)
     for distribution in settings["distributions"]:
         previous = None
         for index, seed in enumerate(seeds):
-            meta = {"set_id": f"{shape}/{distribution}/{weights}/s{index}", "shape": shape,
+            meta = {"set_id": _set_id(shape, distribution, weights, index), "shape": shape,
                     "distribution": distribution, "weights": weights, "seed": seed, "seed_index": index}
             announce(f"audit:set:{meta['set_id']}")
             try:
-                output = _reference_set(context, meta, settings, record)
+                output, stats = _reference_set(context, meta, settings, record)
             except BaseException as error:  # noqa: BLE001 - the reference failing makes the set invalid
                 _stop_if_out_of_memory(error)
                 record["sets"].append({**meta, "valid": False, "invalid_reason": "reference raised: "
@@ -170,7 +220,8 @@ def _run_family(namespace, shape, weights, seeds, settings, device, nulls, recor
                 spread = _max_abs_diff(anchor, output)
                 family["compared"] += 1
                 family["max_abs_spread"] = _nan_max(family["max_abs_spread"], spread)
-            family["max_abs"] = max(family["max_abs"], _max_abs(output))
+            family["max_abs"] = max(family["max_abs"], max((s["max_abs"] for s in stats if "max_abs" in s),
+                                                           default=0.0))
             try:
                 nulls.check(context, meta, output, previous, record)
             except BaseException as error:  # noqa: BLE001 - e.g. out of memory comparing a huge output
@@ -179,11 +230,60 @@ def _run_family(namespace, shape, weights, seeds, settings, device, nulls, recor
                 nulls.abandon(f"{meta['set_id']}: " + short_error(error, 300))
                 if is_cuda_fatal(error):
                     return True
-            previous = output
-    del anchor, previous, context, model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+            previous = output if nulls.wants_previous() else None  # else it only holds memory
     return False
+
+
+# ---- a re-randomised family that is the default one -------------------------------------------------------
+
+def _replayable(marks: _Marks, default: _FamilyRun, record: dict) -> bool:
+    """Whether the re-randomised family would repeat the default family's computations bit for bit: the model has
+    no floating state to redraw (so both models are the same: same class, same arguments, same seed), and the
+    reference is deterministic — every stochastic rerun (same set, reseeded) gave identical outputs (‖Δ‖ = 0 and
+    max|Δ| = 0). The default family must also have run cleanly (every model built, the reference raising on no
+    set — out of memory, say, may not recur —, no error in its checks), so that nothing in it depended on a
+    failure that might not recur."""
+    reruns = record["stochastic"]
+    family = record["families"][marks.families]
+    raised = any(s.get("invalid_reason", "").startswith("reference raised") for s in record["sets"][marks.sets:])
+    return (default.weightless and not family["note"] and not raised and len(record["errors"]) == marks.errors
+            and bool(reruns) and all(r["diff_norm"] == 0.0 and r["max_abs_diff"] == 0.0 for r in reruns))
+
+
+def _replay_family(marks: _Marks, record: dict, nulls: "_NullKernels", device) -> None:
+    """Record the re-randomised family from the default one's entries, as running it would have: each set's
+    entry and TF32 baseline under its own set id, the family's spread, and the null kernels' checks through the
+    same liveness rules (`_NullKernels.replay`)."""
+    source = record["families"][marks.families]
+    sets = record["sets"][marks.sets:]
+    family = {**source, "weights": "rerandomized", "anchor": None,
+              "note": "replayed from the default weights: no floating parameter or buffer, deterministic reference"}
+    ids = {}
+    for entry in sets:
+        ids[entry["set_id"]] = _set_id(entry["shape"], entry["distribution"], "rerandomized", entry["seed_index"])
+    if source["anchor"] is not None:
+        family["anchor"] = ids[source["anchor"]]
+    record["families"].append(family)
+    for entry in sets:
+        meta = {key: entry[key] for key in ("shape", "distribution", "seed", "seed_index")}
+        meta.update(set_id=ids[entry["set_id"]], weights="rerandomized")
+        record["sets"].append({**copy.deepcopy(entry), **meta})
+        if not entry["valid"]:
+            continue
+        # _reference_set computes this baseline on every valid first-seed set of the task's own shape
+        if device.type == "cuda" and meta["shape"] == "original" and meta["seed_index"] == 0:
+            _copy_tf32(record, entry["set_id"], meta["set_id"])
+        nulls.replay(meta, entry["set_id"], record)
+
+
+def _set_id(shape: str, distribution: str, weights: str, seed_index: int) -> str:
+    return f"{shape}/{distribution}/{weights}/s{seed_index}"
+
+
+def _copy_tf32(record: dict, source: str, target: str) -> dict | None:
+    if source in record["tf32"]:
+        record["tf32"][target] = copy.deepcopy(record["tf32"][source])
+    return record["tf32"].get(target)
 
 
 class _FamilyContext:
@@ -211,8 +311,8 @@ class _FamilyContext:
         return self._low_precision[name]
 
 
-def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> list | None:
-    """Run the reference on one set, record its statistics; None when the output is not finite."""
+def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> tuple[list | None, list]:
+    """Run the reference on one set, record its statistics; the output (None when it is not finite) and them."""
     output = context.call(context.model, context.inputs(meta), meta)
     stats = [_tensor_stats(t) for t in output]
     entry = {**meta, "valid": True, "outputs": stats}
@@ -220,7 +320,7 @@ def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: 
     if bad:
         entry.update(valid=False, invalid_reason=f"reference output has {bad} non-finite values")
         record["sets"].append(entry)
-        return None
+        return None, stats
     record["sets"].append(entry)
     try:  # our own checks from here on: a failure is ours to record, not the set's
         if meta["shape"] == "original" and meta["weights"] == "default" and meta["distribution"] == "x1":
@@ -236,7 +336,7 @@ def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: 
         record["errors"].append({"phase": f"checks:{meta['set_id']}", "error": short_error(error)})
         if is_cuda_fatal(error):
             raise
-    return output
+    return output, stats
 
 
 def _tf32_summary(context: _FamilyContext, meta: dict, output: list, record: dict) -> dict | None:
@@ -256,14 +356,24 @@ def _tf32_summary(context: _FamilyContext, meta: dict, output: list, record: dic
 # ---- null kernels ------------------------------------------------------------------------------------------
 
 class _NullKernels:
-    def __init__(self, names, protocols, low_precision_seeds: int):
+    def __init__(self, names, protocols, low_precision_seeds: int, *, judged_by: dict | None = None,
+                 screened: bool = True):
+        """`judged_by`: kernel → the names of the protocols the parent judges it by (default: all of them);
+        `screened`: try `correctness.screen` before each full comparison (off only to show it changes nothing)."""
         self.names = list(names)
         self.low_precision_seeds = low_precision_seeds
         self.protocols = protocols
-        self.alive = {name: {p.name for p in protocols} for name in self.names}
+        every = {p.name for p in protocols}
+        judged_by = judged_by or {}
+        self.alive = {name: every & set(judged_by.get(name, every)) for name in self.names}
         self.checks: dict[str, list] = {name: [] for name in self.names}
         self.notes: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        self.screened = screened
+
+    def wants_previous(self) -> bool:
+        """Whether a kernel built from another seed's output can still be checked."""
+        return any(self.alive.get(name) for name in ("other_seed", "other_seed_mean"))
 
     def check(self, context: _FamilyContext, meta: dict, output: list, previous: list | None, record: dict):
         covering = [p for p in self.protocols if covers(p, meta["shape"], meta["distribution"], meta["weights"])]
@@ -292,14 +402,46 @@ class _NullKernels:
                 continue
             if candidate is None:
                 continue
-            summary = summarize(output, candidate)
-            del candidate
             baseline = None
             if any(p.rule == "verified" for p in live):
                 baseline = _tf32_summary(context, meta, output, record)
+            sample = screen(output, candidate) if self.screened else None
+            if sample is not None and all(certainly_rejects(sample, baseline, p) for p in live):
+                # Every protocol still alive rejects it whatever the elements not sampled hold: the full comparison
+                # could only confirm that. The parent counts a screened check as failed (the protocols not alive
+                # here had failed before).
+                del candidate
+                self.checks[name].append({"set_id": meta["set_id"], "screened": sample})
+                self.alive[name].difference_update(p.name for p in live)
+                continue
+            summary = summarize(output, candidate)
+            del candidate
             self.checks[name].append({"set_id": meta["set_id"], "summary": summary})
             for protocol in live:
                 if judge_set(summary, baseline, protocol)[0] != "passed":
+                    self.alive[name].discard(protocol.name)
+
+    def replay(self, meta: dict, source_id: str, record: dict) -> None:
+        """`check` on a set whose reference output and inputs are those of set `source_id`, checked before: every
+        kernel still live here was live there too (a protocol covering a re-randomised set covers the default one,
+        and kernels only lose protocols), passed there, and so was compared in full there (a screen that rejects
+        every live protocol rejects one that passed). Running it would repeat that comparison; its result is
+        copied and judged again, the TF32 baseline with it."""
+        covering = [p for p in self.protocols if covers(p, meta["shape"], meta["distribution"], meta["weights"])]
+        for name in self.names:
+            live = [p for p in covering if p.name in self.alive[name]]
+            if not live or (name in _LOW_PRECISION and meta["seed_index"] >= self.low_precision_seeds):
+                continue
+            source = next((c for c in self.checks[name] if c["set_id"] == source_id), None)
+            if source is None:  # no candidate there (another seed's output on the first seed): none here
+                continue
+            baseline = None
+            if any(p.rule == "verified" for p in live):
+                baseline = _copy_tf32(record, source_id, meta["set_id"])
+            check = {**copy.deepcopy(source), "set_id": meta["set_id"]}
+            self.checks[name].append(check)
+            for protocol in live:
+                if "screened" in check or judge_set(check["summary"], baseline, protocol)[0] != "passed":
                     self.alive[name].discard(protocol.name)
 
     def abandon(self, reason: str) -> None:
@@ -327,7 +469,7 @@ class _NullKernels:
                 return None
             if name == "other_seed":
                 return previous
-            return [torch.full_like(t, float(t.double().mean())) if t.numel() else t for t in previous]
+            return [torch.full_like(t, _mean(t)) if t.numel() else t for t in previous]
         if name in _LOW_PRECISION:
             dtype = _LOW_PRECISION[name]
             inputs = [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
@@ -388,6 +530,9 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
                 error = "no differentiable output"
             else:
                 generator = torch.Generator(device=context.device).manual_seed(derive_seed("audit", "projection"))
+                # A scalar loss, not backward(outputs, grad_tensors=r): explicit gradients make torch import
+                # sympy (its shape check), a quarter of a second in every audit process, for one output-sized
+                # temporary saved (the product; autograd keeps r, not it).
                 loss = sum((o * torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)).sum()
                            for o in differentiable)
                 output_norm = math.sqrt(sum(_norm(o.detach()) ** 2 for o in differentiable))
@@ -509,8 +654,45 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+# A float64 copy of a whole output (what `dtype=torch.float64` makes in a norm or a mean) is 12 GB at 1.6·10⁹
+# elements, and several audits share a GPU: tensors above CHUNK_ELEMENTS are reduced chunk by chunk. Below it the
+# numbers are computed as they always were, bit for bit; above it, sums in another order differ from a one-shot
+# float64 reduction by rounding only (measured: 1e-13 relative on 10⁸ elements, against thresholds of 1e-5 and up).
+
+def _float_chunks(t: torch.Tensor):
+    """`_as_float(t)` in consecutive pieces of the flattened tensor, none copied whole."""
+    flat = t.detach().reshape(-1)
+    for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+        yield _as_float(flat[start:start + CHUNK_ELEMENTS])
+
+
+def _norm64(t: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
+
+
 def _norm(t: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(_as_float(t), dtype=torch.float64)) if t.numel() else 0.0
+    if not t.numel():
+        return 0.0
+    if t.numel() <= CHUNK_ELEMENTS:
+        return _norm64(_as_float(t))
+    return math.sqrt(sum(_norm64(chunk) ** 2 for chunk in _float_chunks(t)))
+
+
+def _difference_norm(x: torch.Tensor, y: torch.Tensor) -> float:
+    """‖y − x‖ of two tensors of one shape."""
+    if x.numel() <= CHUNK_ELEMENTS:
+        return _norm(_as_float(y) - _as_float(x))
+    return math.sqrt(sum(_norm64(b - a) ** 2 for a, b in zip(_float_chunks(x), _float_chunks(y))))
+
+
+def _mean(t: torch.Tensor) -> float:
+    """The mean in float64 (`t.double().mean()`), of any dtype."""
+    if t.numel() <= CHUNK_ELEMENTS:
+        return float(t.double().mean())
+    flat = t.detach().reshape(-1)
+    total = sum(float(flat[start:start + CHUNK_ELEMENTS].double().sum())
+                for start in range(0, flat.numel(), CHUNK_ELEMENTS))
+    return total / t.numel()
 
 
 def _rms(t: torch.Tensor) -> float:
@@ -521,25 +703,22 @@ def _nan_max(a: float, b: float) -> float:
     return b if math.isnan(b) or b > a else a
 
 
-def _max_abs(outputs: list) -> float:
-    values = [float(_as_float(t).abs().max()) for t in outputs if isinstance(t, torch.Tensor) and t.numel()]
-    return max(values, default=0.0)
-
-
-def _max_abs_diff(a: list, b: list) -> float:
-    """Largest element-wise difference between two outputs; inf when their structure differs."""
+def _max_abs_diff(a: list, b: list, identical: frozenset = frozenset()) -> float:
+    """Largest element-wise difference between two outputs; inf when their structure differs. The tensors at the
+    indices in `identical` are known equal and finite: they add 0, which changes no maximum."""
     if len(a) != len(b):
         return math.inf
     worst = 0.0
-    for x, y in zip(a, b):
+    for index, (x, y) in enumerate(zip(a, b)):
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
                 worst = math.inf
             continue
         if x.shape != y.shape:
             return math.inf
-        if x.numel():
-            worst = _nan_max(worst, float((_as_float(x) - _as_float(y)).abs().max()))
+        if x.numel() and index not in identical:
+            for first, second in zip(_float_chunks(x), _float_chunks(y)):
+                worst = _nan_max(worst, float((first - second).abs().max()))
     return worst
 
 
@@ -549,11 +728,18 @@ def _diff_norms(a: list, b: list) -> tuple[float, float, float]:
                                for x, y in zip(a, b)):
         return math.inf, 0.0, math.inf
     diff_sq = ref_sq = 0.0
-    for x, y in zip(a, b):
+    identical = set()
+    for index, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.numel():
-            diff_sq += _norm(_as_float(y) - _as_float(x)) ** 2
-            ref_sq += _norm(x) ** 2
-    return math.sqrt(diff_sq), math.sqrt(ref_sq), _max_abs_diff(a, b)
+            ref_norm = _norm(x)
+            # A deterministic reference run twice: equal element for element and finite (a finite norm has no inf
+            # or NaN in it), every difference is +0, so ‖y − x‖ = 0 and max|y − x| = 0 without computing them.
+            if math.isfinite(ref_norm) and x.dtype == y.dtype and torch.equal(x, y):
+                identical.add(index)
+            else:
+                diff_sq += _difference_norm(x, y) ** 2
+            ref_sq += ref_norm ** 2
+    return math.sqrt(diff_sq), math.sqrt(ref_sq), _max_abs_diff(a, b, frozenset(identical))
 
 
 def _tensor_stats(t) -> dict:
@@ -562,16 +748,33 @@ def _tensor_stats(t) -> dict:
     if not isinstance(t, torch.Tensor):
         return {"type": type(t).__name__}
     stats = {"shape": list(t.shape), "dtype": str(t.dtype), "numel": t.numel()}
-    x = _as_float(t)
-    stats["nonfinite"] = int(torch.count_nonzero(~torch.isfinite(x))) if t.numel() else 0
-    if stats["nonfinite"] or not t.numel():
+    if not t.numel():
+        stats["nonfinite"] = 0
         return stats
-    magnitude = x.abs()
-    mean = float(x.mean(dtype=torch.float64))
-    stats["max_abs"] = float(magnitude.max())
+    x = _as_float(t)
+    chunks = list(_float_chunks(x))
+    largest, near_zero = [], {a: 0 for a in NEAR_ATOLS}
+    for chunk in chunks:
+        magnitude = chunk.abs()
+        largest.append(float(magnitude.max()))  # NaN where the chunk has one: max propagates NaN
+        for atol in NEAR_ATOLS:
+            near_zero[atol] += int(torch.count_nonzero(magnitude <= atol))
+        del magnitude
+    if not all(math.isfinite(value) for value in largest):
+        stats["nonfinite"] = sum(int(torch.count_nonzero(~torch.isfinite(chunk))) for chunk in chunks)
+        return stats
+    stats["nonfinite"] = 0  # the largest magnitude is finite, so every element is
+    mean = float(x.mean(dtype=torch.float64)) if x.numel() <= CHUNK_ELEMENTS else _mean(x)
+    near_mean = {a: 0 for a in NEAR_ATOLS}
+    for chunk in chunks:
+        deviation = (chunk - mean).abs_()
+        for atol in NEAR_ATOLS:
+            near_mean[atol] += int(torch.count_nonzero(deviation <= atol))
+        del deviation
+    stats["max_abs"] = max(largest)
     stats["mean"] = mean
-    stats["frac_near_zero"] = {repr(a): int(torch.count_nonzero(magnitude <= a)) / t.numel() for a in NEAR_ATOLS}
-    stats["frac_near_mean"] = {repr(a): int(torch.count_nonzero((x - mean).abs() <= a)) / t.numel() for a in NEAR_ATOLS}
+    stats["frac_near_zero"] = {repr(a): near_zero[a] / t.numel() for a in NEAR_ATOLS}
+    stats["frac_near_mean"] = {repr(a): near_mean[a] / t.numel() for a in NEAR_ATOLS}
     stats["axis_range"] = [float((x.amax(dim=d) - x.amin(dim=d)).max()) if size > 1 else None
                            for d, size in enumerate(t.shape)]
     return stats

@@ -62,11 +62,21 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
               "max_abs_diff": -1.0, "worst": None}
     grid = {repr(tol): {"max_ratio": 0.0, "over": 0, "samples": []} for tol in TOLERANCE_GRID}
     for start in range(0, numel, chunk):
-        r = ref_flat[start:start + chunk].to(torch.float64)
-        c = cand_flat[start:start + chunk].to(torch.float64)
-        # the common case, all finite, skips the masking (same numbers: every mask would be all true); tested in
-        # float64, since isfinite has no float8 kernels
-        if not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(c).all())):
+        r_source, c_source = ref_flat[start:start + chunk], cand_flat[start:start + chunk]
+        r = r_source.to(torch.float64)
+        magnitude = r.abs()
+        # not finite exactly when some element is not (max propagates NaN): cheaper than isfinite, which is four
+        # kernels, and the maximum is needed anyway
+        ref_max = float(magnitude.max())
+        first_sample = (-start) % step
+        if math.isfinite(ref_max) and _identical(r_source, c_source):
+            _add_identical_chunk(totals, grid, r, ref_max, c_source, start, first_sample, step)
+            continue
+        c = c_source.to(torch.float64)
+        diff = (c - r).abs()
+        if not (math.isfinite(ref_max) and math.isfinite(float(diff.max()))):
+            # Some value is not finite (or a difference overflows float64, where every mask below is all true and
+            # the numbers are those of the plain path): finite values are compared, the others counted.
             ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
             # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
             nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
@@ -75,16 +85,16 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
             totals["ref_nonfinite"] += int(torch.count_nonzero(~ref_finite))
             both = ref_finite & cand_finite
             r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
-        diff = (c - r).abs()
-        magnitude = r.abs()
-        totals["ref_max_abs"] = max(totals["ref_max_abs"], float(magnitude.max()))
+            diff = (c - r).abs()
+            magnitude = r.abs()
+            ref_max = float(magnitude.max())
+        totals["ref_max_abs"] = max(totals["ref_max_abs"], ref_max)
         totals["ref_sq"] += float(torch.dot(r, r))
         totals["diff_sq"] += float(torch.dot(diff, diff))
         local = int(diff.argmax())
         if float(diff[local]) > totals["max_abs_diff"]:
             totals["max_abs_diff"] = float(diff[local])
             totals["worst"] = (start + local, float(r[local]), float(c[local]))
-        first_sample = (-start) % step
         # diff / (tol + tol·|r|) = (diff / (1 + |r|)) / tol: one division for the whole grid
         scaled = diff / (1.0 + magnitude)
         largest = float(scaled.max())
@@ -92,7 +102,8 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
         for tol in TOLERANCE_GRID:
             entry = grid[repr(tol)]
             entry["max_ratio"] = max(entry["max_ratio"], largest / tol)
-            entry["over"] += int(torch.count_nonzero(scaled > tol))
+            if largest > tol:  # else no element is over: the count would be 0
+                entry["over"] += int(torch.count_nonzero(scaled > tol))
             if tol in _QUANTILE_TOLERANCES:
                 entry["samples"].append((sampled / tol).float())
     summary["nonfinite_mismatch"] = totals["nonfinite_mismatch"]
@@ -115,6 +126,36 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
     return summary
 
 
+_EXACT_DTYPES = ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16")
+
+
+def _identical(r_source, c_source) -> bool:
+    """Whether the candidate's chunk equals the reference's element for element (NaN never does). For a finite
+    reference every difference is then +0, and the chunk's numbers follow without computing them: the TF32
+    baseline of a task without matmul or convolution, a null kernel that happens to be exact."""
+    import torch
+
+    return (str(r_source.dtype) in _EXACT_DTYPES and c_source.dtype == r_source.dtype
+            and torch.equal(r_source, c_source))
+
+
+def _add_identical_chunk(totals: dict, grid: dict, r, ref_max: float, c_source, start: int, first_sample: int,
+                         step: int) -> None:
+    """What the general path of `_summarize_tensor` adds for a chunk whose differences are all +0, bit for bit:
+    no count over any tolerance, a maximum ratio of 0, zeros in the quantile sample, and — argmax taking the first
+    of equal values — the chunk's first element as the worst one while none was recorded before."""
+    import torch
+
+    totals["ref_max_abs"] = max(totals["ref_max_abs"], ref_max)
+    totals["ref_sq"] += float(torch.dot(r, r))
+    if 0.0 > totals["max_abs_diff"]:
+        totals["max_abs_diff"] = 0.0
+        totals["worst"] = (start, float(r[0]), float(c_source[0]))
+    sampled = len(range(first_sample, r.numel(), step))
+    for tol in _QUANTILE_TOLERANCES:
+        grid[repr(tol)]["samples"].append(torch.zeros(sampled, dtype=torch.float32, device=r.device))
+
+
 def _norm_rel(diff_norm: float, ref_norm: float) -> float:
     if ref_norm == 0.0:
         return 0.0 if diff_norm == 0.0 else math.inf
@@ -129,9 +170,11 @@ def _quantile(values, q: float) -> float:
         return 0.0
     if flat.numel() > _QUANTILE_SAMPLE:
         flat = flat[:: flat.numel() // _QUANTILE_SAMPLE]
-    # kthvalue: torch.quantile refuses inputs above 16M elements and is slower
+    # the k-th smallest is the (n − k + 1)-th largest: topk of the few largest, on the device, finds the same value
+    # as kthvalue on the host (an order statistic of the same numbers) in a fraction of the time; torch.quantile
+    # refuses inputs above 16M elements and is slower still
     k = max(1, min(flat.numel(), math.ceil(q * flat.numel())))
-    return float(torch.kthvalue(flat.float().cpu(), k).values)
+    return float(torch.topk(flat.float(), flat.numel() - k + 1).values[-1])
 
 
 def _unravel(index: int, shape: list[int]) -> list[int]:
@@ -140,6 +183,46 @@ def _unravel(index: int, shape: list[int]) -> list[int]:
         coords.append(index % size if size else 0)
         index //= size if size else 1
     return list(reversed(coords))
+
+
+# ---- a screen before the full comparison (the audit's null kernels) --------------------------------------------
+
+SCREEN_SAMPLE = 1 << 16  # elements per output tensor the screen measures: every step-th one, as the quantile sample
+
+
+def screen(reference, candidate) -> dict | None:
+    """Exact element-wise numbers on a sample of the elements: `certainly_rejects` tells from them that a protocol
+    rejects the candidate, without the full float64 comparison. None where the outputs' structure, types or
+    shapes differ (the full comparison then stops early anyway)."""
+    import torch
+
+    refs, cands = flatten_outputs(reference), flatten_outputs(candidate)
+    if len(refs) != len(cands):
+        return None
+    parts = []
+    for ref, cand in zip(refs, cands):
+        if not (isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor)) or ref.shape != cand.shape:
+            return None
+        parts.append(_screen_tensor(ref, cand))
+    return {"outputs": parts}
+
+
+def _screen_tensor(ref, cand) -> dict:
+    """For every sampled element, exactly the float64 arithmetic of `_summarize_tensor` (the same elements of the
+    same flattening, the same operations in the same order), so each sampled ratio equals the one computed there."""
+    import torch
+
+    step = max(1, ref.numel() // SCREEN_SAMPLE)
+    r = ref.detach().reshape(-1)[::step].to(torch.float64)
+    # the sample moved, not the whole candidate: the same values as moving it first
+    c = cand.detach().reshape(-1)[::step].to(device=ref.device, dtype=torch.float64)
+    ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
+    nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
+    mismatch = int(torch.count_nonzero((ref_finite != cand_finite) | (~ref_finite & ~nonfinite_equal)))
+    # where either side is not finite the full comparison counts 0 (it zeroes both there)
+    scaled = torch.where(ref_finite & cand_finite, (c - r).abs() / (1.0 + r.abs()), 0.0)
+    return {"sampled": r.numel(), "nonfinite_mismatch": mismatch,
+            "max_scaled": float(scaled.max()) if r.numel() else 0.0}
 
 
 # ---- parent side: rules ------------------------------------------------------------------------------------
@@ -247,3 +330,28 @@ def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, b
         detail += (f"; allowance base (TF32 baseline or fp32 reference vs float64): norm {base['norm_rel']:.3g}, "
                    f"element ×{base['grid'][key]['max_ratio']:.3g}")
     return False, detail, False
+
+
+def certainly_rejects(screened: dict, baseline: dict | None, protocol, reference_error: dict | None = None) -> bool:
+    """Whether `judge_set` rejects, under `protocol`, any candidate whose sample `screen` measured, whatever the
+    elements it did not sample hold. Why that is certain: `_summarize_tensor` takes the element-wise ratio's
+    maximum over every element, sampled ones included, with the same float64 arithmetic, so a sampled maximum s
+    gives s / tol ≤ max_ratio (dividing by a positive number is monotone under rounding). A part whose s / tol
+    exceeds max(1, allowance × the allowance base's element ratio) then fails both the plain element-wise rule
+    (limit 1) and the baseline allowance (which needs the element ratio within that maximum, whatever the norms);
+    a non-finite mismatch in the sample fails every rule. Nothing is estimated, so no margin is needed; outputs
+    near a threshold, or failing only norm-wise, are never rejected here and get the full comparison."""
+    key = grid_key(protocol.atol)
+    tolerance = float(key)  # the grid's tolerance itself: repr round-trips
+    for index, part in enumerate(screened["outputs"]):
+        if part["nonfinite_mismatch"]:
+            return True
+        limit = 1.0
+        if protocol.rule == "verified" and protocol.baseline_allowance:
+            base = _worse(_baseline_part(baseline, index),
+                          _precision_only(_baseline_part(reference_error, index)), protocol)
+            if base is not None:
+                limit = max(1.0, protocol.baseline_allowance * base["grid"][key]["max_ratio"])
+        if part["max_scaled"] / tolerance > limit:
+            return True
+    return False
