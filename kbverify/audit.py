@@ -223,11 +223,14 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
                 out_prefix: str | Path | None = None, resume: bool = True,
                 progress: Callable[[int, int, TaskAudit], None] | None = None,
                 settings: AuditSettings | None = None, thresholds: AuditThresholds | None = None,
-                title: str | None = None, claim: Callable[[Task], bool] | None = None) -> AuditReport:
+                title: str | None = None, claim: Callable[[Task], bool] | None = None,
+                run: bool = True) -> AuditReport:
     """Audit every task; with `out_prefix`, append each task's raw result to `<prefix>.partial.jsonl` as it
     finishes (a rerun skips those, unless they errored) and write `<prefix>.json` and `<prefix>.md` at the end.
     With `claim`, a task not yet done is audited only when claim(task) is true (several auditors sharing one
-    task list, each taking the next unclaimed task); the tasks left to others are not in the returned report."""
+    task list, each taking the next unclaimed task); the tasks left to others are not in the returned report.
+    With `run=False` nothing runs: a report of what the partial file holds, where a task without a result shows
+    its last recorded error (or that it was never audited), so a cut-short audit is reported as such."""
     if isinstance(tasks, (str, Path)):
         title = title or Path(tasks).name
         tasks = load_task_dir(tasks)
@@ -242,6 +245,8 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
     done = _read_partial(partial, fingerprint) if (partial is not None and resume) else {}
+    failed = ({line["key"]: line for line in _partial_lines(partial) if line.get("raw") is None}
+              if (partial is not None and not run) else {})
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -253,7 +258,10 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
         line = done.get(task.key)
         if line is None and claim is not None and not claim(task):
             continue
-        if line is None:
+        if line is None and not run:
+            line = failed.get(task.key) or {"key": task.key, "raw": None, "wall_s": 0.0,
+                                            "error": "not audited: no result in the partial file"}
+        elif line is None:
             line = _run_task(task, worker_settings, judged, device, settings.timeout_s, judged_by)
             line["settings_sha256"] = fingerprint
             if partial is not None:

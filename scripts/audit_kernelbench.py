@@ -68,6 +68,9 @@ def main() -> int:
     parser.add_argument("--retry-per-gpu", type=int, default=2,
                         help="after the sharded pass, audit what failed (out of memory, mostly) again with this many "
                              "copies per GPU; then the rest one at a time")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: merge the copies' partial files and report what they hold (a task "
+                             "without a result shows its last error)")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: copy K of N
     parser.add_argument("--claims", default=None, type=Path, help=argparse.SUPPRESS)  # the copies' shared claims
     args = parser.parse_args()
@@ -84,7 +87,11 @@ def main() -> int:
         tasks = tasks[index::count]
     started = time.monotonic()
     sharded = args.gpus * args.per_gpu > 1 and not args.shard  # then every result is in the merged partial file
-    if sharded:
+    if args.report_only:
+        merge_partials(Path(f"{args.out_prefix}.partial.jsonl"), _shard_files(Path(args.out_prefix)),
+                       settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
+                                            settings=_settings(args)))
+    elif sharded:
         run_shards(args, args.per_gpu, fresh=args.fresh)
         if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
             # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
@@ -102,8 +109,9 @@ def main() -> int:
 
     claim = claimer(args.claims, elsewhere(args, settings)) if args.claims else None
     report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
-                         out_prefix=args.out_prefix, resume=sharded or not args.fresh, progress=progress,
-                         settings=settings, claim=claim, title="KernelBench levels " + args.levels)
+                         out_prefix=args.out_prefix, resume=sharded or args.report_only or not args.fresh,
+                         progress=progress, settings=settings, claim=claim, title="KernelBench levels " + args.levels,
+                         run=not args.report_only)
     wall_s = time.monotonic() - started
     if args.shard:
         return 0
