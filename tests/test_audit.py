@@ -365,3 +365,30 @@ def test_out_of_memory_is_an_error_to_rerun_never_an_invalid_set(tmp_path):
     assert audit.error and "out of memory, not evidence" in audit.error
     line = json.loads((tmp_path / "run.partial.jsonl").read_text().splitlines()[0])
     assert line["raw"] is None  # so a rerun audits it again
+
+
+def test_report_only_runs_nothing_and_shows_what_the_partial_file_lacks(tmp_path, monkeypatch):
+    """A cut-short audit reported as such: the finished task from the partial file, the one that failed with its
+    recorded error, the one never reached as not audited; no worker starts."""
+    import kbverify.audit as audit_module
+
+    tasks = [load_task(_write(tmp_path, f"level1/{i}_ReLU", TASKS["level1/10_ReLU_rand"])) for i in (1, 2, 3)]
+    prefix = tmp_path / "audits" / "run"
+    settings = AuditSettings(hidden_shapes=False, seeds=1, null_kernels=("zeros",), timeout_s=120)
+    audit_tasks(tasks[:1], protocols=["original"], out_prefix=prefix, settings=settings)
+    fingerprint = json.loads(Path(f"{prefix}.partial.jsonl").read_text().splitlines()[0])["settings_sha256"]
+    with open(f"{prefix}.partial.jsonl", "a") as handle:
+        handle.write(json.dumps({"key": tasks[1].key, "name": tasks[1].name, "level": 1, "raw": None, "wall_s": 2.0,
+                                 "error": "worker failed: out of memory", "settings_sha256": fingerprint}) + "\n")
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError("report-only must not run a task")
+
+    monkeypatch.setattr(audit_module, "_run_task", no_workers)
+    report = audit_tasks(tasks, protocols=["original"], out_prefix=prefix, settings=settings, run=False)
+    errors = [a.error for a in report.tasks]
+    assert errors[0] is None and report.tasks[0].resumed
+    assert errors[1] == "worker failed: out of memory"
+    assert errors[2].startswith("not audited")
+    assert json.loads(Path(f"{prefix}.json").read_text())["counts"]["errors"] == 2
+    assert len(Path(f"{prefix}.partial.jsonl").read_text().splitlines()) == 2  # nothing appended
