@@ -53,6 +53,7 @@ JOBS = {
     "reference_timing": "kbverify.timing:reference_timing_job",
     "build": "kbverify.worker:build_job",
     "audit": "kbverify.audit_worker:audit_job",
+    "footprint": "kbverify.footprint_worker:footprint_job",
     "probe": "kbverify.worker:probe_job",
     "hidden": "kbverify.worker:hidden_job",
 }

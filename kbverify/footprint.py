@@ -1,0 +1,102 @@
+"""How much device memory auditing a task needs, estimated without allocating any (parent side).
+
+The task's model, inputs and forward run on the `meta` device inside one sandboxed child for a whole batch of
+tasks (`kbverify.footprint_worker`): the parent never executes task code. The audit holds several copies of
+those tensors at once (see AUDIT_MEMORY_FACTOR), so the estimate is the measured bytes times that factor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kbverify.sandbox import run_child
+from kbverify.tasks import Task
+
+log = logging.getLogger(__name__)
+
+# Peak device memory of one audit process over the bytes of one set of (inputs + parameters + outputs).
+# The audit worker holds at once: the x1 draw and the distribution's copy of the inputs (2x), the reference's
+# output, its family's anchor and the previous seed's output (3x outputs), a null kernel's output, the bf16/fp16
+# reference's, the "wide" distribution's mask and float64 comparison chunks, plus the CUDA caching allocator's
+# slack. Session 6 on the H200: an 8 GiB-input task peaked at ~38 GiB (4.75x its inputs), and
+# 45_Average_Pooling_2D (16.1 GiB in + out) held 42.7 GiB when it asked for 16 GiB more (>= 3.6x). Rounded up
+# to 5: overestimating only makes a heavy task share the GPU with fewer others; underestimating brings back the
+# out-of-memory errors and their retry pass.
+AUDIT_MEMORY_FACTOR = 5.0
+FOOTPRINT_TIMEOUT_S = 300.0  # a batch of 250 KernelBench tasks takes a few seconds on a CPU
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One task's tensor bytes as measured on `meta`; a byte count the measurement did not reach is None."""
+
+    status: str  # full | no_outputs (the forward failed on meta) | unknown (inputs or model failed)
+    input_bytes: int | None = None
+    parameter_bytes: int | None = None  # parameters and buffers
+    output_bytes: int | None = None
+    error: str | None = None  # the first failure on meta, for the log
+
+    def __post_init__(self):
+        if self.status not in ("full", "no_outputs", "unknown"):
+            raise ValueError(f"unknown footprint status {self.status!r}")
+
+    @property
+    def tensor_bytes(self) -> int | None:
+        """Inputs + parameters (+ outputs when known); None when even the inputs are unknown."""
+        if self.status == "unknown":
+            return None
+        return (self.input_bytes or 0) + (self.parameter_bytes or 0) + (self.output_bytes or 0)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Footprint:
+        return cls(status=data.get("status", "unknown"), input_bytes=data.get("input_bytes"),
+                   parameter_bytes=data.get("parameter_bytes"), output_bytes=data.get("output_bytes"),
+                   error=data.get("error"))
+
+
+@dataclass(frozen=True)
+class Footprints:
+    by_key: dict[str, Footprint]  # Task.key → its footprint
+    device_total_bytes: int | None  # the device's total memory, when the child ran on a CUDA device
+
+
+def audit_need_bytes(footprint: Footprint, factor: float = AUDIT_MEMORY_FACTOR) -> int | None:
+    """Device bytes an audit of the task is expected to peak at; None when unknown (the caller treats it as
+    large)."""
+    measured = footprint.tensor_bytes
+    return None if measured is None else int(measured * factor)
+
+
+def estimate_footprints(tasks: Sequence[Task], *, device: str = "cpu",
+                        timeout_s: float = FOOTPRINT_TIMEOUT_S) -> Footprints:
+    """Every task's footprint from one child; if that child dies (a task crashing the interpreter), each task
+    of the batch again in a child of its own, so one bad task leaves only itself unknown."""
+    outcome = _run_batch(tasks, device, timeout_s)
+    if outcome is not None:
+        return outcome
+    log.warning("the footprint child died; measuring %d tasks one child each", len(tasks))
+    by_key: dict[str, Footprint] = {}
+    total = None
+    for task in tasks:
+        single = _run_batch([task], device, timeout_s)
+        if single is None:
+            by_key[task.key] = Footprint(status="unknown", error="the footprint child died")
+        else:
+            by_key.update(single.by_key)
+            total = total or single.device_total_bytes
+    return Footprints(by_key=by_key, device_total_bytes=total)
+
+
+def _run_batch(tasks: Sequence[Task], device: str, timeout_s: float) -> Footprints | None:
+    payload = {"device": device, "tasks": [{"key": t.key, "task_source": t.source, "task_name": t.name}
+                                           for t in tasks]}
+    outcome = run_child("footprint", payload, timeout_s=timeout_s, device=device)
+    result = outcome.result
+    if result is None or "footprints" not in result:
+        log.warning("footprint child failed (exit code %s, last phase %s): %s", outcome.exit_code,
+                    outcome.last_phase or "start", (result or {}).get("infrastructure_error", "no result"))
+        return None
+    by_key = {key: Footprint.from_dict(data) for key, data in result["footprints"].items()}
+    return Footprints(by_key=by_key, device_total_bytes=result.get("device_total_bytes"))
