@@ -67,6 +67,7 @@ NEAR_ATOLS = (1e-2, 1e-3)  # the worker counts elements within these of 0 and of
 NULL_KERNELS = ("zeros", "ones", "input", "other_seed", "other_seed_mean", "bf16", "fp16")
 INPUT_INDEPENDENT_KERNELS = ("ones", "other_seed", "other_seed_mean")  # plus zeros, reported as near_zero
 ALWAYS_DEGENERATE = ("constant_output", "stochastic", "nonfinite:own_inputs")
+DEFERRED_WAIT_S = 0.5  # how long an auditor whose every remaining task is deferred waits before asking again
 REPORTED_ONLY = ("uniform_axis", "mostly_zero", "mostly_mean", "dead_input", "dead_parameter",
                  "nonfinite:<distribution>", "trivially_passable:bf16|fp16:<protocol>", "timing_degenerate")
 
@@ -223,12 +224,15 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
                 out_prefix: str | Path | None = None, resume: bool = True,
                 progress: Callable[[int, int, TaskAudit], None] | None = None,
                 settings: AuditSettings | None = None, thresholds: AuditThresholds | None = None,
-                title: str | None = None, claim: Callable[[Task], bool] | None = None,
-                run: bool = True) -> AuditReport:
+                title: str | None = None, claim: Callable[[Task], bool | None] | None = None,
+                release: Callable[[Task], None] | None = None, run: bool = True) -> AuditReport:
     """Audit every task; with `out_prefix`, append each task's raw result to `<prefix>.partial.jsonl` as it
     finishes (a rerun skips those, unless they errored) and write `<prefix>.json` and `<prefix>.md` at the end.
     With `claim`, a task not yet done is audited only when claim(task) is true (several auditors sharing one
     task list, each taking the next unclaimed task); the tasks left to others are not in the returned report.
+    claim(task) None means "not now" (it does not fit in memory beside the others' tasks): the task is deferred,
+    the next one in order tried, and the deferred ones asked again, first, whenever this auditor is free; when
+    nothing can start it waits. `release(task)` is called when a task it claimed has ended, however it ended.
     With `run=False` nothing runs: a report of what the partial file holds, where a task without a result shows
     its last recorded error (or that it was never audited), so a cut-short audit is reported as such."""
     if isinstance(tasks, (str, Path)):
@@ -254,15 +258,25 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     started = time.monotonic()
     audits: list[TaskAudit] = []
     lines: list[dict] = []
-    for index, task in enumerate(tasks, start=1):
-        line = done.get(task.key)
-        if line is None and claim is not None and not claim(task):
+    queue = list(tasks)
+    index = 0
+    while queue:
+        picked = _next_task(queue, done, claim)
+        if picked is None:  # every task left is deferred: wait for memory to free up
+            time.sleep(DEFERRED_WAIT_S)
             continue
+        task, verdict = picked
+        queue.remove(task)
+        index += 1
+        if verdict == "elsewhere":
+            continue
+        line = done.get(task.key)
         if line is None and not run:
             line = failed.get(task.key) or {"key": task.key, "raw": None, "wall_s": 0.0,
                                             "error": "not audited: no result in the partial file"}
         elif line is None:
-            line = _run_task(task, worker_settings, judged, device, settings.timeout_s, judged_by)
+            line = _run_claimed(task, worker_settings, judged, device, settings.timeout_s, judged_by,
+                                release if verdict == "claimed" else None)
             line["settings_sha256"] = fingerprint
             if partial is not None:
                 _append_line(partial, line)
@@ -282,6 +296,34 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     if out_prefix is not None:
         write_report(report, out_prefix)
     return report
+
+
+def _next_task(queue: list[Task], done: dict, claim) -> tuple[Task, str] | None:
+    """The first task in `queue` that can be taken now, with why: "resumed", "free" (no claims), "claimed", or
+    "elsewhere" (another auditor has it). None when every task left is deferred."""
+    for task in queue:
+        if task.key in done:
+            return task, "resumed"
+        if claim is None:
+            return task, "free"
+        verdict = claim(task)
+        if verdict is not None:
+            return task, "claimed" if verdict else "elsewhere"
+    return None
+
+
+def _run_claimed(task: Task, worker_settings: dict, judged: list[Protocol], device: str, timeout_s: float,
+                 judged_by: dict, release: Callable[[Task], None] | None) -> dict:
+    """Run one task, its start and end times on the line (so overlaps between auditors can be checked), and
+    release its claim's reservation however it ended."""
+    started = time.time()
+    try:
+        line = _run_task(task, worker_settings, judged, device, timeout_s, judged_by)
+    finally:
+        if release is not None:
+            release(task)
+    line["started_unix_s"], line["ended_unix_s"] = started, time.time()
+    return line
 
 
 def _with_identity_variants(protocols: list[Protocol], distributions: Sequence[str]) -> list[Protocol]:

@@ -1,6 +1,6 @@
 """How much device memory auditing a task needs, estimated without allocating any (parent side).
 
-The task's model, inputs and forward run on the `meta` device inside one sandboxed child for a whole batch of
+The task's model, inputs and forward run on the `meta` device inside sandboxed children, each for a batch of
 tasks (`kbverify.footprint_worker`): the parent never executes task code. The audit holds several copies of
 those tensors at once (see AUDIT_MEMORY_FACTOR), so the estimate is the measured bytes times that factor.
 """
@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kbverify.sandbox import run_child
+from kbverify.sandbox import ChildSpec, run_children
 from kbverify.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 # to 5: overestimating only makes a heavy task share the GPU with fewer others; underestimating brings back the
 # out-of-memory errors and their retry pass.
 AUDIT_MEMORY_FACTOR = 5.0
-FOOTPRINT_TIMEOUT_S = 300.0  # a batch of 250 KernelBench tasks takes a few seconds on a CPU
+FOOTPRINT_TIMEOUT_S = 300.0
+# KernelBench's 250 tasks take ~9 s in one child on a CPU (8 recurrent tasks cut off at 0.5 s each, ~1 s loading
+# torch's meta kernels): device time in a ten-minute audit, so a few children share them.
+FOOTPRINT_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -69,34 +72,38 @@ def audit_need_bytes(footprint: Footprint, factor: float = AUDIT_MEMORY_FACTOR) 
     return None if measured is None else int(measured * factor)
 
 
-def estimate_footprints(tasks: Sequence[Task], *, device: str = "cpu",
+def estimate_footprints(tasks: Sequence[Task], *, device: str = "cpu", batches: int = FOOTPRINT_BATCHES,
                         timeout_s: float = FOOTPRINT_TIMEOUT_S) -> Footprints:
-    """Every task's footprint from one child; if that child dies (a task crashing the interpreter), each task
-    of the batch again in a child of its own, so one bad task leaves only itself unknown."""
-    outcome = _run_batch(tasks, device, timeout_s)
-    if outcome is not None:
-        return outcome
-    log.warning("the footprint child died; measuring %d tasks one child each", len(tasks))
+    """Every task's footprint from `batches` children side by side; if one dies (a task crashing the
+    interpreter), each task of its batch again in a child of its own, so one bad task leaves only itself unknown.
+    With a CUDA `device`, the children also report its total memory."""
+    chunks = [list(tasks[i::batches]) for i in range(batches) if tasks[i::batches]]
     by_key: dict[str, Footprint] = {}
-    total = None
-    for task in tasks:
-        single = _run_batch([task], device, timeout_s)
-        if single is None:
-            by_key[task.key] = Footprint(status="unknown", error="the footprint child died")
-        else:
-            by_key.update(single.by_key)
-            total = total or single.device_total_bytes
-    return Footprints(by_key=by_key, device_total_bytes=total)
+    totals = []
+    for chunk, outcome in zip(chunks, run_children([_spec(c, device, timeout_s) for c in chunks])):
+        result = _result(outcome)
+        if result is None:
+            log.warning("a footprint child died; measuring its %d tasks one child each", len(chunk))
+            singles = [_result(o) for o in run_children([_spec([t], device, timeout_s) for t in chunk])]
+            result = {"footprints": {}}
+            for task, single in zip(chunk, singles):
+                result["footprints"].update((single or {}).get("footprints") or {
+                    task.key: {"status": "unknown", "error": "the footprint child died"}})
+        by_key.update((key, Footprint.from_dict(data)) for key, data in result["footprints"].items())
+        totals.append(result.get("device_total_bytes"))
+    return Footprints(by_key=by_key, device_total_bytes=next((t for t in totals if t), None))
 
 
-def _run_batch(tasks: Sequence[Task], device: str, timeout_s: float) -> Footprints | None:
+def _spec(tasks: Sequence[Task], device: str, timeout_s: float) -> ChildSpec:
     payload = {"device": device, "tasks": [{"key": t.key, "task_source": t.source, "task_name": t.name}
                                            for t in tasks]}
-    outcome = run_child("footprint", payload, timeout_s=timeout_s, device=device)
+    return ChildSpec("footprint", payload, timeout_s, device)
+
+
+def _result(outcome) -> dict | None:
     result = outcome.result
     if result is None or "footprints" not in result:
         log.warning("footprint child failed (exit code %s, last phase %s): %s", outcome.exit_code,
                     outcome.last_phase or "start", (result or {}).get("infrastructure_error", "no result"))
         return None
-    by_key = {key: Footprint.from_dict(data) for key, data in result["footprints"].items()}
-    return Footprints(by_key=by_key, device_total_bytes=result.get("device_total_bytes"))
+    return result

@@ -75,12 +75,18 @@ def measure(source: str, name: str) -> dict:
 def _build_model(namespace: dict):
     with torch.device("meta"):
         init_inputs = namespace["get_init_inputs"]()
-        try:
-            return namespace["Model"](*init_inputs)
-        except Exception:  # noqa: BLE001 - retried below with real values outside the parameters
-            pass
+        model = _model_or_none(namespace, init_inputs)
+    if model is not None:
+        return model
     with _parameters_on_meta():
         return namespace["Model"](*init_inputs)
+
+
+def _model_or_none(namespace: dict, init_inputs):
+    try:
+        return namespace["Model"](*init_inputs)
+    except Exception:  # noqa: BLE001 - an __init__ that needs real values: the caller builds it another way
+        return None
 
 
 @contextlib.contextmanager

@@ -2,13 +2,17 @@
 
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
-        [--gpus N] [--per-gpu K]
+        [--gpus N] [--per-gpu K] [--memory-budget-gib G]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
 With --gpus N --per-gpu K, N·K copies of this script share the task list (OUT_PREFIX.shardI.*): each takes the
 next task no other copy has claimed, so one slow task does not hold back a fixed share of the others. Their results
 are then merged into OUT_PREFIX.partial.jsonl and the report is written from it.
+Memory decides what runs together: each task's need is estimated beforehand on the meta device
+(kbverify.footprint), the copies take tasks largest need first, and a copy starts a task only when the needs in
+flight on its GPU plus this one fit the budget (kbverify.admission); one that does not fit now is deferred and
+tried again, first, whenever the copy is free.
 Nothing is downloaded. Progress goes to stderr; the comparison with the published lists (KernelBench-Verified's
 exclusions, KernelBench issue #165, robust-kbench's numeric filters, METR's removals; see
 reference/verified_and_hacks.md) and the total wall time go to stdout at the end.
@@ -19,7 +23,9 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -29,12 +35,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kbverify.admission import MemoryLedger  # noqa: E402
 from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_partials,  # noqa: E402
                             settings_fingerprint)
+from kbverify.footprint import audit_need_bytes, estimate_footprints  # noqa: E402
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
 log = logging.getLogger("audit_kernelbench")
+
+# Of the device's total memory, what the copies' estimated needs may add up to. The rest is for what the estimate
+# leaves out: each copy's CUDA context (~0.5 GiB, ten copies ~5 GiB) and the allocator's fragmentation.
+MEMORY_BUDGET_FRACTION = 0.85
+# With admission, memory no longer caps the copies: the host's cores and the GPU's SMs do. The H200 machine has
+# 16 cores; 250 tasks at ~26 s of worker time each (session 5) need ten or more copies busy to finish in ten
+# minutes, and ten still leave cores for the launchers and forkservers.
+DEFAULT_PER_GPU = 10
+NEEDS_FILE = "needs.json"  # in the claims folder: each task's estimated need and the budget, for every copy
 
 # (level, problem id). Lists made on KernelBench v0 (robust-kbench, METR) may name problems that v0.1 changed.
 PUBLISHED = {
@@ -62,9 +79,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per task")
     parser.add_argument("--fresh", action="store_true", help="ignore OUT_PREFIX.partial.jsonl")
     parser.add_argument("--gpus", type=int, default=1, help="audit on this many GPUs of this host, one task each")
-    parser.add_argument("--per-gpu", type=int, default=1,
+    parser.add_argument("--per-gpu", type=int, default=None,
                         help="audits sharing each GPU (the audit checks values, not speed; only its launch-bound "
-                             "timing flag is measured under the others' load, next to a launch floor measured alike)")
+                             "timing flag is measured under the others' load, next to a launch floor measured "
+                             f"alike); memory admission decides which of them run at once (default: {DEFAULT_PER_GPU} "
+                             "on a CUDA device, 1 on a CPU)")
+    parser.add_argument("--memory-budget-gib", type=float, default=None,
+                        help="device memory the copies on one GPU may reserve in all (default: "
+                             f"{MEMORY_BUDGET_FRACTION:g} of its total; on a CPU device, no admission without it)")
     parser.add_argument("--retry-per-gpu", type=int, default=2,
                         help="after the sharded pass, audit what failed (out of memory, mostly) again with this many "
                              "copies per GPU; then the rest one at a time")
@@ -74,6 +96,8 @@ def main() -> int:
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: copy K of N
     parser.add_argument("--claims", default=None, type=Path, help=argparse.SUPPRESS)  # the copies' shared claims
     args = parser.parse_args()
+    if args.per_gpu is None:
+        args.per_gpu = DEFAULT_PER_GPU if args.device.startswith("cuda") else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
     levels = {int(level) for level in args.levels.split(",")}
@@ -92,10 +116,11 @@ def main() -> int:
                        settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
                                             settings=_settings(args)))
     elif sharded:
-        run_shards(args, args.per_gpu, fresh=args.fresh)
+        needs = memory_needs(args, tasks)
+        run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
         if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
             # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
-            run_shards(args, args.retry_per_gpu, fresh=False)
+            run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
     settings = _settings(args)
     fresh_runs = []
 
@@ -107,11 +132,17 @@ def main() -> int:
         log.info("%d/%d done, %.0f s elapsed, about %.0f min left", done, total, elapsed,
                  rate * (total - done) / 60 if fresh_runs else 0.0)
 
-    claim = claimer(args.claims, elsewhere(args, settings)) if args.claims else None
+    claim = release = None
+    if args.claims:
+        needs = _read_needs(args.claims)
+        tasks = largest_first(tasks, needs)
+        ledger = _ledger(args.claims, args.device, needs.get("budget_bytes"))
+        claim = claimer(args.claims, elsewhere(args, settings), ledger, needs.get("needs", {}))
+        release = (lambda task: ledger.release(task.key)) if ledger else None
     report = audit_tasks(tasks, protocols=parse_protocols(args.protocol), device=args.device,
                          out_prefix=args.out_prefix, resume=sharded or args.report_only or not args.fresh,
-                         progress=progress, settings=settings, claim=claim, title="KernelBench levels " + args.levels,
-                         run=not args.report_only)
+                         progress=progress, settings=settings, claim=claim, release=release,
+                         title="KernelBench levels " + args.levels, run=not args.report_only)
     wall_s = time.monotonic() - started
     if args.shard:
         return 0
@@ -140,29 +171,83 @@ def elsewhere(args, settings: AuditSettings) -> set[str]:
                          device=args.device, settings=settings)
 
 
-def claimer(folder: Path, done_elsewhere: set[str]):
-    """A task belongs to the first copy that creates its claim file: creation with O_EXCL is atomic."""
+def claimer(folder: Path, done_elsewhere: set[str], ledger: MemoryLedger | None = None,
+            needs: dict[str, int | None] | None = None):
+    """A task belongs to the first copy that creates its claim file: creation with O_EXCL is atomic. With a
+    `ledger`, the copy first reserves the task's need (`needs`, by key; a missing one is unknown): claim(task) is
+    None while it does not fit (ask again later), and a lost race gives the reservation back."""
     folder.mkdir(parents=True, exist_ok=True)
 
-    def claim(task) -> bool:
+    def claim(task) -> bool | None:
         if task.key in done_elsewhere:
             return False
         path = folder / hashlib.sha256(task.key.encode()).hexdigest()[:32]
+        if path.exists():
+            return False
+        if ledger is not None and not ledger.try_reserve(task.key, (needs or {}).get(task.key)):
+            return None
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
+            if ledger is not None:
+                ledger.release(task.key)
             return False
         return True
 
     return claim
 
 
-def run_shards(args, per_gpu: int, *, fresh: bool) -> None:
+def memory_needs(args, tasks) -> dict:
+    """Each task's estimated device memory (bytes; None: unknown) and the budget per GPU (None: no admission)."""
+    budget = int(args.memory_budget_gib * 2**30) if args.memory_budget_gib else None
+    # The estimate runs on the CPU's meta device either way; a CUDA child also reports the GPU's total memory.
+    probe_device = "cuda:0" if args.device.startswith("cuda") and budget is None else "cpu"
+    started = time.monotonic()
+    footprints = estimate_footprints(tasks, device=probe_device)
+    if budget is None and footprints.device_total_bytes:
+        budget = int(footprints.device_total_bytes * MEMORY_BUDGET_FRACTION)
+    needs = {key: audit_need_bytes(fp) for key, fp in footprints.by_key.items()}
+    unknown = sorted(key for key, need in needs.items() if need is None)
+    log.info("estimated %d tasks' memory in %.1f s: budget %s, %d over it, %d unknown%s", len(needs),
+             time.monotonic() - started, f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
+             sum(1 for need in needs.values() if budget and need is not None and need > budget), len(unknown),
+             f" ({', '.join(unknown[:5])})" if unknown else "")
+    return {"budget_bytes": budget, "needs": needs}
+
+
+def largest_first(tasks, needs: dict) -> list:
+    """Long heavy tasks start early and small ones fill the gaps; an unknown need counts as the largest."""
+    by_key = needs.get("needs", {})
+
+    def need(task) -> float:
+        value = by_key.get(task.key, 0)  # a task not estimated (no needs at all) keeps its place
+        return math.inf if value is None else value
+
+    return sorted(tasks, key=need, reverse=True)  # stable: equal needs keep the task order
+
+
+def _read_needs(claims: Path) -> dict:
+    try:
+        return json.loads((claims / NEEDS_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _ledger(claims: Path, device: str, budget: int | None) -> MemoryLedger | None:
+    """The copies on one GPU share one ledger; copies on other GPUs have their own."""
+    if not budget:
+        return None
+    return MemoryLedger(claims / f"memory-{device.replace(':', '')}", budget)
+
+
+def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None) -> None:
     """`per_gpu` copies of this script per GPU sharing one task list; their partial files merged into ours."""
     processes = []
     shards = args.gpus * per_gpu
     # Fresh claims for every invocation: a task claimed by a copy killed before it finished is free again.
     claims = Path(f"{args.out_prefix}.claims-{os.getpid()}-{time.time_ns()}")
+    claims.mkdir(parents=True)
+    (claims / NEEDS_FILE).write_text(json.dumps(needs or {}))
     if fresh:
         prefix = Path(args.out_prefix)
         for stale in [Path(f"{prefix}.partial.jsonl"), *_shard_files(prefix)]:

@@ -1,0 +1,149 @@
+"""Memory admission for the sharded audit: the meta-device estimate and its fallbacks, the reservation ledger,
+and copies of scripts/audit_kernelbench.py that never run two heavy tasks at once."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbverify.admission import MemoryLedger
+from kbverify.footprint import (
+    AUDIT_MEMORY_FACTOR,
+    audit_need_bytes,
+    estimate_footprints,
+)
+from kbverify.tasks import load_task
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = "import torch\nimport torch.nn as nn\n\n\n"
+
+
+def _task(forward: str, inputs: str, *, init: str = "pass") -> str:
+    return (HEADER + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            f"        {init}\n\n    def forward(self, x):\n        {forward}\n\n\n"
+            f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n")
+
+
+def _write(root: Path, relative: str, source: str):
+    path = root / f"{relative}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return load_task(path)
+
+
+# ---- the estimate --------------------------------------------------------------------------------------------
+
+def test_estimate_counts_inputs_parameters_and_outputs_times_the_factor(tmp_path):
+    linear = _write(tmp_path, "level1/1_Linear", _task("return self.fc(x)", "[torch.rand(16, 64)]",
+                                                       init="self.fc = nn.Linear(64, 32)"))
+    pair = _write(tmp_path, "level1/2_Pair", _task("return x * 2, x.sum(dim=1, dtype=torch.float64)",
+                                                   "[torch.rand(8, 100)]"))
+    # __init__ needs real values (as the Swin tasks'): built again with only the parameters on meta
+    real_init = _write(tmp_path, "level3/3_RealInit", _task(
+        "return self.fc(x) * self.scale", "[torch.rand(4, 10)]",
+        init="self.scale = float(torch.linspace(0, 1, 3)[1].item()); self.fc = nn.Linear(10, 6, bias=False)"))
+    footprints = estimate_footprints([linear, pair, real_init], batches=2).by_key
+
+    fp = footprints[linear.key]
+    assert (fp.status, fp.input_bytes, fp.parameter_bytes, fp.output_bytes) == (
+        "full", 16 * 64 * 4, (64 * 32 + 32) * 4, 16 * 32 * 4)
+    assert audit_need_bytes(fp) == int((16 * 64 + 64 * 32 + 32 + 16 * 32) * 4 * AUDIT_MEMORY_FACTOR)
+    pair_fp = footprints[pair.key]
+    assert (pair_fp.status, pair_fp.output_bytes) == ("full", 8 * 100 * 4 + 8 * 8)  # both outputs, float64 too
+    assert audit_need_bytes(pair_fp, factor=2.0) == 2 * (8 * 100 * 4 * 2 + 8 * 8)
+    real = footprints[real_init.key]
+    assert (real.status, real.parameter_bytes, real.output_bytes) == ("full", 6 * 10 * 4, 4 * 6 * 4)
+
+
+def test_estimate_falls_back_when_the_forward_or_the_inputs_fail_on_meta(tmp_path):
+    data_dependent = _write(tmp_path, "level1/1_ItemInForward", _task(
+        "return self.fc(x) * float(x.max())", "[torch.rand(16, 64)]", init="self.fc = nn.Linear(64, 32)"))
+    item_inputs = _write(tmp_path, "level1/2_ItemInInputs", _task(
+        "return x", "[torch.rand(int(torch.randint(1, 9, (1,)).item()), 4)]"))
+    footprints = estimate_footprints([data_dependent, item_inputs], batches=1).by_key
+
+    forward_failed = footprints[data_dependent.key]
+    assert forward_failed.status == "no_outputs" and forward_failed.output_bytes is None
+    assert "meta" in forward_failed.error
+    assert audit_need_bytes(forward_failed) == int((16 * 64 + 64 * 32 + 32) * 4 * AUDIT_MEMORY_FACTOR)
+    inputs_failed = footprints[item_inputs.key]
+    assert inputs_failed.status == "unknown" and audit_need_bytes(inputs_failed) is None
+
+
+# ---- the ledger ----------------------------------------------------------------------------------------------
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()  # reaped: the pid is gone
+    return process.pid
+
+
+def test_two_reservations_over_the_budget_cannot_both_be_held(tmp_path):
+    first, second = MemoryLedger(tmp_path, 100), MemoryLedger(tmp_path, 100)  # two copies, one folder
+    assert first.try_reserve("a", 60)
+    assert not second.try_reserve("b", 50)
+    assert second.try_reserve("c", 40)  # the next task that fits goes ahead
+    assert [r.key for r in first.in_flight()] == ["a", "c"]
+    first.release("a")
+    assert second.try_reserve("b", 50)
+    assert sum(r.need_bytes for r in second.in_flight()) == 90
+
+
+def test_a_dead_copys_reservation_is_ignored(tmp_path):
+    assert MemoryLedger(tmp_path, 100, pid=_dead_pid()).try_reserve("orphan", 90)
+    ledger = MemoryLedger(tmp_path, 100)
+    assert ledger.in_flight() == []
+    assert ledger.try_reserve("b", 90)
+    assert [r.key for r in ledger.in_flight()] == ["b"]  # the dead entry is dropped on the next write
+
+
+def test_an_oversized_or_unknown_task_runs_alone(tmp_path):
+    ledger = MemoryLedger(tmp_path, 100)
+    assert ledger.try_reserve("small", 1)
+    assert not ledger.try_reserve("huge", 500)
+    assert not ledger.try_reserve("unknown", None)
+    ledger.release("small")
+    assert ledger.try_reserve("huge", 500)
+    assert not ledger.try_reserve("small", 1)  # nothing starts beside it
+    ledger.release("huge")
+    assert ledger.try_reserve("unknown", None)
+    assert not ledger.try_reserve("small", 1)
+    with pytest.raises(ValueError):
+        MemoryLedger(tmp_path, 0)
+
+
+# ---- copies of the script ------------------------------------------------------------------------------------
+
+def test_copies_never_run_two_heavy_tasks_at_once_and_audit_each_task_once(tmp_path):
+    """Three copies, a budget that holds one heavy task (1 MiB in, 1 MiB out: ~10 MiB) and the light ones: the two
+    heavy tasks run one after the other, the light ones beside them, and every task is audited by one copy."""
+    heavy = {"level1/1_HeavyTanh": "return torch.tanh(x)", "level1/2_HeavySigmoid": "return torch.sigmoid(x)"}
+    light = {"level1/3_LightRelu": "return torch.relu(x - 0.5)", "level1/4_LightNeg": "return -x"}
+    for name, forward in heavy.items():
+        _write(tmp_path / "tasks", name, _task(forward, "[torch.rand(256, 1024)]"))
+    for name, forward in light.items():
+        _write(tmp_path / "tasks", name, _task(forward, "[torch.rand(8, 64)]"))
+    prefix = tmp_path / "out" / "audit"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "audit_kernelbench.py"), str(tmp_path / "tasks"), str(prefix),
+         "--device", "cpu", "--levels", "1", "--protocol", "original", "--seeds", "1", "--no-hidden",
+         "--timeout", "120", "--per-gpu", "3", "--retry-per-gpu", "0", "--memory-budget-gib", "0.015"],
+        check=False, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    lines = {line["name"]: line for line in map(json.loads, Path(f"{prefix}.partial.jsonl").read_text().splitlines())}
+    assert sorted(lines) == sorted(name.split("/")[1] for name in (*heavy, *light))
+    assert all(line["raw"] is not None for line in lines.values())
+    first, second = sorted((lines[name.split("/")[1]] for name in heavy), key=lambda line: line["started_unix_s"])
+    assert second["started_unix_s"] >= first["ended_unix_s"]  # the heavy tasks never overlapped
+    assert any(lines[name.split("/")[1]]["started_unix_s"] < first["ended_unix_s"] for name in light), \
+        "no light task ran beside the first heavy one: the copies did not run side by side"
+    for name in (*heavy, *light):  # one copy audited it; the final pass only resumed it
+        fresh = re.findall(rf"\] {re.escape(name)}: ", run.stderr)
+        assert len(fresh) == 1, (name, run.stderr[-3000:])
+    assert "estimated 4 tasks' memory" in run.stderr
