@@ -124,6 +124,12 @@ def _run_shape(namespace, shape, seeds, settings, device, nulls, record, replay:
 
 def _finish(record: dict, nulls: "_NullKernels") -> dict:
     record["null_kernels"] = nulls.export()
+    device = torch.device(record["device"])
+    if device.type == "cuda":
+        # what the scheduler's memory factor is checked against (the caching allocator's reserve is the peak the
+        # other copies on the GPU actually lose)
+        record["peak_memory_bytes"] = {"allocated": torch.cuda.max_memory_allocated(device),
+                                       "reserved": torch.cuda.max_memory_reserved(device)}
     return record
 
 

@@ -20,11 +20,13 @@ log = logging.getLogger(__name__)
 # The audit worker holds at once: the x1 draw and the distribution's copy of the inputs (2x), the reference's
 # output, its family's anchor and the previous seed's output (3x outputs), a null kernel's output, the bf16/fp16
 # reference's, the "wide" distribution's mask and float64 comparison chunks, plus the CUDA caching allocator's
-# slack. Session 6 on the H200: an 8 GiB-input task peaked at ~38 GiB (4.75x its inputs), and
-# 45_Average_Pooling_2D (16.1 GiB in + out) held 42.7 GiB when it asked for 16 GiB more (>= 3.6x). Rounded up
-# to 5: overestimating only makes a heavy task share the GPU with fewer others; underestimating brings back the
-# out-of-memory errors and their retry pass.
-AUDIT_MEMORY_FACTOR = 5.0
+# slack. Session 6 on the H200, against inputs + outputs: 39_L2Norm_ (16 GiB) held 30.7 GiB when it asked for
+# 8 GiB more (>= 2.4x), 45_Average_Pooling_2D (16.1 GiB) held 42.7 GiB when it asked for 16 GiB more (>= 3.6x).
+# 4 covers both while letting two 12-14 GiB tasks (the element-wise and norm tasks of level 1, 23 of them) share
+# the GPU; at 5 none of those could, and their audits, one at a time, were a ~500 s chain on their own. Each audit
+# records its peak (`peak_memory_bytes`), so the factor is checked on every GPU run; an underestimate costs an
+# out-of-memory error and a place in the retry pass, not a wrong verdict.
+AUDIT_MEMORY_FACTOR = 4.0
 FOOTPRINT_TIMEOUT_S = 300.0
 # KernelBench's 250 tasks take ~9 s in one child on a CPU (8 recurrent tasks cut off at 0.5 s each, ~1 s loading
 # torch's meta kernels): device time in a ten-minute audit, so a few children share them.

@@ -115,8 +115,10 @@ def main() -> int:
         merge_partials(Path(f"{args.out_prefix}.partial.jsonl"), _shard_files(Path(args.out_prefix)),
                        settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
                                             settings=_settings(args)))
-    elif sharded:
+    needs = None
+    if sharded and not args.report_only:
         needs = memory_needs(args, tasks)
+    if needs is not None:
         run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
         if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
             # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
@@ -147,6 +149,8 @@ def main() -> int:
     if args.shard:
         return 0
     print(compare_with_published(report))
+    if needs is not None:
+        print(memory_check(Path(f"{args.out_prefix}.partial.jsonl"), needs["needs"]))
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -213,6 +217,24 @@ def memory_needs(args, tasks) -> dict:
              sum(1 for need in needs.values() if budget and need is not None and need > budget), len(unknown),
              f" ({', '.join(unknown[:5])})" if unknown else "")
     return {"budget_bytes": budget, "needs": needs}
+
+
+def memory_check(partial: Path, needs: dict) -> str:
+    """The estimates against the peaks the audits recorded (the allocator's reserve): how many went over, and the
+    worst ratio, so the memory factor is checked on every GPU run."""
+    ratios = []
+    for text in partial.read_text().splitlines() if partial.exists() else ():
+        line = json.loads(text)
+        peak = ((line.get("raw") or {}).get("peak_memory_bytes") or {}).get("reserved")
+        need = needs.get(line.get("key"))
+        if peak and need:
+            ratios.append((peak / need, line["key"].split("@")[0]))
+    if not ratios:
+        return "\nmemory: no recorded peaks to check the estimates against"
+    ratios.sort(reverse=True)
+    over = [f"{name} {ratio:.2f}" for ratio, name in ratios if ratio > 1.0]
+    return (f"\nmemory: {len(ratios)} recorded peaks, worst peak/estimate {ratios[0][0]:.2f} ({ratios[0][1]}), "
+            f"{len(over)} over their estimate" + (f": {', '.join(over[:10])}" if over else ""))
 
 
 def largest_first(tasks, needs: dict) -> list:

@@ -147,3 +147,20 @@ def test_copies_never_run_two_heavy_tasks_at_once_and_audit_each_task_once(tmp_p
         fresh = re.findall(rf"\] {re.escape(name)}: ", run.stderr)
         assert len(fresh) == 1, (name, run.stderr[-3000:])
     assert "estimated 4 tasks' memory" in run.stderr
+
+
+def test_memory_check_reports_the_audits_whose_peak_exceeded_their_estimate(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    partial = tmp_path / "run.partial.jsonl"
+    lines = [{"key": "level1/1_A@aa", "raw": {"peak_memory_bytes": {"reserved": 3 << 30}}},
+             {"key": "level1/2_B@bb", "raw": {"peak_memory_bytes": {"reserved": 1 << 30}}},
+             {"key": "level1/3_C@cc", "raw": None, "error": "out of memory"}]
+    partial.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = script.memory_check(partial, {"level1/1_A@aa": 2 << 30, "level1/2_B@bb": 2 << 30, "level1/3_C@cc": 1})
+    assert "2 recorded peaks" in text and "worst peak/estimate 1.50 (level1/1_A)" in text
+    assert "1 over their estimate: level1/1_A 1.50" in text
+    assert "no recorded peaks" in script.memory_check(tmp_path / "missing.jsonl", {})
