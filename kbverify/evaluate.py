@@ -13,6 +13,7 @@ import torch
 
 from kbverify import guards
 from kbverify.correctness import flatten_outputs, summarize
+from kbverify.handover import Construction, HandoverPlan
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
 from kbverify.precision import set_tf32
 from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
@@ -78,47 +79,6 @@ def _matches(target: torch.nn.Module, state: dict) -> bool:
     return own.keys() == state.keys() and all(own[k].shape == state[k].shape for k in own)
 
 
-class weights_from:
-    """While `cls` is being constructed, every parameter, buffer or submodule its `__init__` assigns takes the
-    values `state` has for it at once, so what `__init__` derives from them afterwards (a pre-transposed copy, a
-    folded bias, a constant folded into the parameter in place) is derived from the weights it will be checked
-    with. `delivered` names the state entries handed over this way; loading them again after `__init__` would
-    undo what `__init__` derived in place. Only a name's first assignment is handed over: a second one
-    (`self.weight = nn.Parameter(self.weight.t().contiguous())`) is already derived from the first."""
-
-    def __init__(self, state: dict, cls: type):
-        self.state, self.cls = state, cls
-        self.delivered: set[str] = set()
-        self._original = None
-
-    def __enter__(self):
-        state, cls, delivered = self.state, self.cls, self.delivered
-        original = self._original = torch.nn.Module.__setattr__
-        assigned: set[str] = set()
-
-        def assign(module, name, value):
-            original(module, name, value)
-            if type(module) is not cls or name in assigned:
-                return
-            if isinstance(value, (torch.nn.Module, torch.Tensor)):
-                assigned.add(name)
-            if isinstance(value, torch.nn.Module):
-                prefix = name + "."
-                own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-                delivered.update(prefix + key for key in _copy_matching(value, own))
-            elif isinstance(value, torch.Tensor) and name in state and state[name].shape == value.shape:
-                with torch.no_grad():
-                    value.copy_(state[name])
-                delivered.add(name)
-
-        torch.nn.Module.__setattr__ = assign
-        return self
-
-    def __exit__(self, *exc):
-        torch.nn.Module.__setattr__ = self._original
-        return False
-
-
 def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
                         default_state: Callable[[], dict] | None = None,
                         reseed: Callable[[], list] | None = None) -> tuple[torch.nn.Module, str | None]:
@@ -131,30 +91,40 @@ def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
 
     Without the match by value, renaming every parameter would keep re-randomised weights away from a kernel, and
     with them the checks that catch one assuming the default initialisation (an affine left out, say)."""
-    candidate, delivered = _built(ModelNew, init_inputs, state)
+    candidate, delivered, plan = _built(ModelNew, init_inputs, state)
     if _matches(candidate, state):
-        return _load_rest(ModelNew, init_inputs, state, candidate, delivered, reseed), "by_name"
+        if reseed is not None and plan.worth_replaying(state, delivered):
+            init_inputs = reseed()
+            candidate, delivered, _ = _built(ModelNew, init_inputs, state, plan)
+        else:
+            plan = None
+        return _load_rest(ModelNew, init_inputs, state, candidate, delivered, reseed, plan), "by_name"
     if default_state is None or reseed is None:
         return candidate, None
     renamed = _state_by_value(candidate.state_dict(), state, default_state())
     if renamed is None:
         return candidate, None
     init_inputs = reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
-    candidate, delivered = _built(ModelNew, init_inputs, renamed)
+    # the plan's entries are the candidate's own names, which `renamed` uses: it replays as it is
+    plan = plan if plan.worth_replaying(renamed, delivered) else None
+    candidate, delivered, _ = _built(ModelNew, init_inputs, renamed, plan)
     if not _matches(candidate, renamed):
         return candidate, None
-    return _load_rest(ModelNew, init_inputs, renamed, candidate, delivered, reseed), "by_value"
+    return _load_rest(ModelNew, init_inputs, renamed, candidate, delivered, reseed, plan), "by_value"
 
 
-def _built(ModelNew: type, init_inputs: list, state: dict) -> tuple[torch.nn.Module, set[str]]:
-    handover = weights_from(state, ModelNew)
-    with handover:
+def _built(ModelNew: type, init_inputs: list, state: dict,
+           plan: HandoverPlan | None = None) -> tuple[torch.nn.Module, set[str], HandoverPlan]:
+    """ModelNew built with `state` handed over as it is created (`kbverify.handover`): at the top level only, or,
+    with a plan recorded by an earlier build from the same seed, wherever the plan says."""
+    construction = Construction(state, ModelNew, plan)
+    with construction:
         candidate = ModelNew(*init_inputs)
-    return candidate, handover.delivered
+    return candidate, construction.delivered, construction.plan_for(candidate)
 
 
 def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.nn.Module, delivered: set[str],
-               reseed: Callable[[], list] | None) -> torch.nn.Module:
+               reseed: Callable[[], list] | None, plan: HandoverPlan | None = None) -> torch.nn.Module:
     """Load what __init__ did not receive, and what it received but then replaced by something that does not
     depend on it (`reset_parameters()`, an `nn.init` call). What it derived from what it received (a constant
     folded in place, a normalised copy) stays: the two are told apart by building once more, from the same seed,
@@ -169,12 +139,12 @@ def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.
         else:
             other = {key: _perturbed(value) for key, value in state.items()}
             try:
-                probe = _built(ModelNew, reseed(), other)[0].state_dict()
+                probe = _built(ModelNew, reseed(), other, plan)[0].state_dict()
                 replaced = {key for key in changed if key in probe and torch.equal(probe[key], own[key])}
             except Exception:  # noqa: BLE001 - the probe's values broke __init__: keep what it derived
                 replaced = set()
             # the kept model is the last one built: module-level state and the generators are its own
-            candidate, delivered = _built(ModelNew, reseed(), state)
+            candidate, delivered, _ = _built(ModelNew, reseed(), state, plan)
     candidate.load_state_dict({key: value for key, value in state.items()
                                if key not in delivered or key in replaced}, strict=False)
     return candidate
@@ -218,17 +188,6 @@ def in_protocol_mode(candidate: torch.nn.Module, train: bool) -> torch.nn.Module
     also switch back any submodule the candidate put in eval mode itself (a BatchNorm on running statistics is
     cheaper and wrong there). So only an eval-mode protocol changes the candidate's modes, all of them."""
     return candidate if train else candidate.eval()
-
-
-def _copy_matching(module: torch.nn.Module, state: dict) -> list[str]:
-    own = module.state_dict()
-    copied = []
-    with torch.no_grad():
-        for key, value in state.items():
-            if key in own and own[key].shape == value.shape:
-                own[key].copy_(value)
-                copied.append(key)
-    return copied
 
 
 def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool, *, draw_device=None):
