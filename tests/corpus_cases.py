@@ -1,4 +1,5 @@
-"""Reading the corpus headers: `# kbverify-test: task=...`, `# expect: original=S verified=S`, `# warn: verified=W`."""
+"""Reading the corpus headers: `# kbverify-test: task=...`, `# expect: original=S verified=S`, `# warn: verified=W`,
+and `# open: the missing defence` on an exploit that `verified` does not catch yet."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class Case:
     task: Path
     expect: dict = field(default_factory=dict)
     warn: dict = field(default_factory=dict)
+    open: str = ""  # the structural defence that is missing; the case is expected to fail until it exists
 
     @property
     def id(self) -> str:
@@ -30,11 +32,12 @@ def read_case(path: Path) -> Case:
     header = path.read_text().splitlines()[:8]
     fields: dict[str, str] = {}
     for line in header:
-        match = re.match(r"#\s*(kbverify-test|expect|warn):\s*(.*)", line)
+        match = re.match(r"#\s*(kbverify-test|expect|warn|open):\s*(.*)", line)
         if match:
             fields[match[1]] = match[2]
     task = _pairs(fields.get("kbverify-test", ""))["task"]
-    return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")))
+    return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")),
+                fields.get("open", ""))
 
 
 def all_cases(folder: str) -> list[Case]:

@@ -15,12 +15,16 @@ from kbverify.tasks import load_task
 # A short timing budget: the statistics need not be tight for a verdict on correctness and guards.
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=0.3)}
 CASES = all_cases("honest") + all_cases("exploits") + all_cases("faults")
+# An open bypass fails its test until its defence exists; strict, so the day it is caught the suite says so
+# (then drop its `# open:` line and add an honest case beside it).
+PARAMS = [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="open: " + case.open)) if case.open
+          else case for case in CASES]
 OPTIONS = CheckOptions(device="cpu", timeout_s=120.0)  # room for a first C++ build on a busy 2-core machine
 FAULT_OPTIONS = CheckOptions(device="cpu", timeout_s=15.0)  # the hang is killed at this deadline
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", PARAMS, ids=lambda c: c.id)
 def test_corpus_verdicts(case):
     task, submission = load_task(case.task), load_submission(case.path)
     for name, protocol in PROTOCOLS.items():
@@ -40,8 +44,10 @@ def test_corpus_verdicts(case):
 
 def test_no_fewer_honest_submissions_than_exploits():
     """A guard is only as good as the honest kernels it lets through: the corpus keeps at least one of those for
-    every cheat, and every exploit is expected to pass `original` (else it exploits nothing)."""
+    every cheat caught, and every exploit is expected to pass `original` (else it exploits nothing). Open bypasses
+    (`# open:`) have no guard yet, so no honest twin either."""
     honest, exploits = all_cases("honest"), all_cases("exploits")
-    assert len(honest) >= len(exploits), (len(honest), len(exploits))
+    caught = [case for case in exploits if not case.open]
+    assert len(honest) >= len(caught), (len(honest), len(caught))
     assert all(case.expect["verified"] == "passed" for case in honest)
     assert all(case.expect["original"] == "passed" for case in exploits)
