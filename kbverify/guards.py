@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import builtins
 import inspect
-import json
 import os
 import sys
-import time
 import types
 
 import torch

@@ -69,7 +69,8 @@ class Construction:
     _first: dict = field(default_factory=dict)  # state entry → id of the tensor it was handed to first
     _assigned: set = field(default_factory=set)
     _inside_setattr: bool = False
-    _saved: dict = field(default_factory=dict)
+    _saved: dict = field(default_factory=dict)  # torch.nn.Module's methods, put back on exit
+    _saved_init: dict = field(default_factory=dict)  # torch.nn.init's initialisers, put back on exit
 
     def __enter__(self):
         module = torch.nn.Module
@@ -149,13 +150,9 @@ class Construction:
         if isinstance(value, (torch.nn.Module, torch.Tensor)):
             self._assigned.add(name)
         if isinstance(value, torch.nn.Module):
-            prefix = name + "."
-            own = {k[len(prefix):]: v for k, v in self.state.items() if k.startswith(prefix)}
-            self.delivered.update(prefix + key for key in copy_matching(value, own))
+            self._hand_module(value, name, again=True)
         elif isinstance(value, torch.Tensor) and name in self.state and self.state[name].shape == value.shape:
-            with torch.no_grad():
-                value.copy_(self.state[name])
-            self.delivered.add(name)
+            self._hand_tensor(value, name)
 
     def _replayed(self, event: Event, key: str | None, value) -> None:
         if key is None:
@@ -165,11 +162,7 @@ class Construction:
             # itself: everything under it takes the state's values now, before its new owner reads them. A module
             # class of the submission's may have derived something in its own __init__ from entries already
             # handed over: only the others are copied.
-            built_in = _built_in(value)
-            prefix = key + "."
-            own = {k[len(prefix):]: v for k, v in self.state.items()
-                   if k.startswith(prefix) and (built_in or k not in self.delivered)}
-            self.delivered.update(prefix + entry for entry in copy_matching(value, own))
+            self._hand_module(value, key, again=_built_in(value))
             return
         if key not in self.state or self.state[key].shape != value.shape:
             return
@@ -179,9 +172,19 @@ class Construction:
             self._first[key] = id(value)
         elif self._first.get(key) != id(value):
             return  # an init call on something else than the tensor the entry was handed to
+        self._hand_tensor(value, key)
+
+    def _hand_tensor(self, tensor: torch.Tensor, key: str) -> None:
         with torch.no_grad():
-            value.copy_(self.state[key])
+            tensor.copy_(self.state[key])
         self.delivered.add(key)
+
+    def _hand_module(self, module: torch.nn.Module, path: str, *, again: bool) -> None:
+        """The state's entries under `path` into `module`; `again`: also those already handed over."""
+        prefix = path + "."
+        own = {k[len(prefix):]: v for k, v in self.state.items()
+               if k.startswith(prefix) and (again or k not in self.delivered)}
+        self.delivered.update(prefix + entry for entry in copy_matching(module, own))
 
     def plan_for(self, model: torch.nn.Module) -> HandoverPlan:
         """The record resolved against the built model: each event's state_dict entry (None where the object is
