@@ -85,8 +85,11 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
     from kbverify.submissions import load_submission
     from kbverify.tasks import load_task
 
-    loaded_task = load_task(task)
     protocols = parse_protocols(protocol)
+    from kbverify.sandbox import start_early
+
+    start_early(timing=any(p.timing == "interleaved" for p in protocols))
+    loaded_task = load_task(task)
     paths = sorted(submission.glob("*.py")) if submission.is_dir() else [submission]
     if not paths:
         raise InputError(f"{submission}: no submission files")
@@ -228,7 +231,8 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("check", "rescore", "audit", "demo"):
+    # `check` starts it itself once it knows its protocols (see sandbox.TIMING_PRELOAD)
+    if len(sys.argv) > 1 and sys.argv[1] in ("rescore", "audit", "demo"):
         from kbverify.sandbox import start_early
 
         start_early()

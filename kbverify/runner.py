@@ -120,7 +120,7 @@ def _count_worker(context: _Context, job: str, wall_s: float | None) -> None:
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
                         env=context.env, keep_dir=context.options.keep_workdirs)
-    log.info("%s child for %s: %.2f s", job, context.submission.id, outcome.wall_s)
+    log.info("%s child for %s: %.2f s (%s)", job, context.submission.id, outcome.wall_s, outcome.timeline())
     _count_worker(context, job, outcome.wall_s)
     if outcome.timed_out:
         log.warning("%s child for %s timed out", job, context.submission.id)
@@ -141,7 +141,7 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
                        context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED))]
     outcomes = run_children(specs)
     for spec, outcome in zip(specs, outcomes):
-        log.info("%s child for %s: %.2f s", spec.job, context.submission.id, outcome.wall_s)
+        log.info("%s child for %s: %.2f s (%s)", spec.job, context.submission.id, outcome.wall_s, outcome.timeline())
         _count_worker(context, spec.job, outcome.wall_s)
         if outcome.result and "infrastructure_error" in outcome.result:
             raise InfrastructureError(f"{spec.job} worker failed: {outcome.result['infrastructure_error']}")

@@ -35,26 +35,36 @@ def last_worker_info(device: str) -> dict | None:
 # Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
 # children, so it is imported in each child instead.
 PRELOAD = ["torch", "numpy", "kbverify.worker", "kbverify.evaluate", "kbverify.timing", "kbverify.kernelbench_v01",
-           "kbverify.correctness", "kbverify.hidden", "kbverify.stats", "scipy.stats"]
+           "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
+# Only the interleaved timing worker needs scipy (its stopping rule's quantiles). Importing it costs about 60% of
+# torch's own import (0.5 s on a CPU), which a command that times nothing that way should not pay at start-up;
+# a timing worker forked from a server without it imports it itself, before its clock starts.
+TIMING_PRELOAD = ["scipy.stats"]
 
 
-def _forkserver():
+def preload(*, timing: bool) -> list[str]:
+    return PRELOAD + (TIMING_PRELOAD if timing else [])
+
+
+def _forkserver(*, timing: bool = True):
+    """The worker server, created on first use; `timing` only matters then (what the server preloads)."""
     global _context
     if _context is None:
         method = os.environ.get("KBVERIFY_START_METHOD", "forkserver")
         try:
             context = multiprocessing.get_context(method)
             if method == "forkserver":
-                context.set_forkserver_preload(PRELOAD)
+                context.set_forkserver_preload(preload(timing=timing))
         except ValueError:  # platforms without forkserver
             context = multiprocessing.get_context("spawn")
         _context = context
     return _context
 
 
-def start_early() -> None:
-    """Start the forkserver now, so its torch import overlaps with whatever the parent does next."""
-    context = _forkserver()
+def start_early(*, timing: bool = True) -> None:
+    """Start the forkserver now, so its torch import overlaps with whatever the parent does next. `timing=False`:
+    no interleaved timing will run (see TIMING_PRELOAD)."""
+    context = _forkserver(timing=timing)
     if context.get_start_method() != "forkserver":
         return
     from multiprocessing import forkserver
@@ -75,6 +85,16 @@ class ChildOutcome:
     output_tail: str
     output_bytes: int  # approximate once output was cut: writes racing the cut go uncounted
     wall_s: float
+    start_s: float | None = None  # from asking for the child to having it: the worker server's start-up, if new
+    phases_s: tuple = ()  # (kind of phase, seconds the job spent in it), as the child reported; () if it did not
+    job_s: float | None = None  # the job itself, from the child's start (after the server's start-up)
+
+    def timeline(self) -> str:
+        """Where the wall time went, for logs: `start 4.10 s, job 2.10 s: worker:start 0.31, reference:load 0.90, …`."""
+        parts = [] if self.start_s is None else [f"start {self.start_s:.2f} s"]
+        if self.job_s is not None:
+            parts.append(f"job {self.job_s:.2f} s: " + ", ".join(f"{kind} {s:.2f}" for kind, s in self.phases_s))
+        return ", ".join(parts)
 
     @property
     def died(self) -> bool:
@@ -134,6 +154,7 @@ class _Running:
                                                        str(self.resultdir)),
                                                  daemon=False)
             self.process.start()
+            self.start_s = time.monotonic() - self.started
         except OSError as error:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise InfrastructureError(f"cannot start a worker process: {error}") from None
@@ -163,12 +184,17 @@ class _Running:
         result = None if self.timed_out else _read_json(self.resultdir / "result.json")
         if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
             _last_worker_info[self.spec.device] = result.pop("_worker")
+        phases = result.pop("_phases_s", None) if isinstance(result, dict) else None
+        job_s = result.pop("_job_s", None) if isinstance(result, dict) else None
+        phases_s = tuple((str(kind), float(seconds)) for kind, seconds in (phases or []))
         phase_file = self.workdir / "phase"
         last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = ChildOutcome(result=result, exit_code=self.process.exitcode, timed_out=self.timed_out,
                                     last_phase=last_phase, output_head=self.head.decode(errors="replace"),
-                                    output_tail=tail, output_bytes=self.dropped + size, wall_s=wall_s)
+                                    output_tail=tail, output_bytes=self.dropped + size, wall_s=wall_s,
+                                    start_s=self.start_s, phases_s=phases_s,
+                                    job_s=float(job_s) if job_s is not None else None)
         shutil.rmtree(self.resultdir, ignore_errors=True)
         if not self.spec.keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)

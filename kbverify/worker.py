@@ -14,11 +14,20 @@ import torch
 from kbverify import tasks as tasks_module
 
 _WORKDIR: str | None = None
+_JOB_STARTED = 0.0
+# Seconds this child's job spent in each kind of phase, in order of first appearance: announce() closes the
+# running phase and opens the next (a kind is the phase's first two parts, without an input set: "candidate:run:<set>"
+# and "judge:<set>" → "candidate:run" and "judge:original").
+_PHASE_SECONDS: dict[str, float] = {}
+_RUNNING_PHASE: list = ["worker:start", 0.0]
 
 
 def run_job(job: str, payload: dict, *, workdir: str) -> dict:
-    global _WORKDIR
+    global _WORKDIR, _JOB_STARTED
     _WORKDIR = workdir
+    _JOB_STARTED = time.monotonic()
+    _PHASE_SECONDS.clear()
+    _RUNNING_PHASE[:] = ["worker:start", _JOB_STARTED]
     torch.set_num_threads(1)
     if str(payload.get("device", "cpu")).startswith("cuda") and job != "probe":
         # Bring CUDA up before any untrusted code runs, so a broken device is our failure, never the kernel's.
@@ -31,6 +40,10 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
         result = globals()[function](payload)
     else:
         result = getattr(importlib.import_module(module_name), function)(payload)
+    if isinstance(result, dict):
+        _close_phase(time.monotonic())  # where this worker's time went, by kind of phase
+        result["_phases_s"] = [[kind, round(seconds, 4)] for kind, seconds in _PHASE_SECONDS.items()]
+        result["_job_s"] = round(time.monotonic() - _JOB_STARTED, 4)
     if isinstance(result, dict) and job != "probe":
         # Provenance rides along with every result, so the parent needs no separate probe.
         result["_worker"] = probe_job(payload)
@@ -61,10 +74,19 @@ JOBS = {
 
 def announce(phase: str) -> None:
     """Record what the child is doing, so a crash is attributed to the right party."""
+    now = time.monotonic()
+    _close_phase(now)
+    _RUNNING_PHASE[:] = [":".join(phase.split(":")[:2]).split("/")[0], now]
     if _WORKDIR is None:
         return
     with open(os.path.join(_WORKDIR, "phase"), "w") as handle:
         handle.write(phase)
+
+
+def _close_phase(now: float) -> None:
+    kind, since = _RUNNING_PHASE
+    _PHASE_SECONDS[kind] = _PHASE_SECONDS.get(kind, 0.0) + (now - since)
+    _RUNNING_PHASE[1] = now
 
 
 def device_from(payload: dict) -> torch.device:

@@ -314,3 +314,22 @@ def test_rescore_applies_an_audit_exclusion_list_and_names_what_it_left_out(stor
     assert "excluded as degenerate" in result.stdout and RELU.stem in result.stdout
     assert_input_error(kbverify("rescore", source, *arguments, "--exclude-degenerate", tmp_path / "none.json"),
                        "none.json")
+
+
+@pytest.mark.parametrize("protocol, timing", [("original", False), ("verified", True), ("original,verified", True)])
+def test_check_preloads_the_timing_workers_scipy_only_when_timing_rounds_will_run(monkeypatch, protocol, timing):
+    """scipy.stats costs ~60% of torch's import at every worker server's start: `original` alone never uses it."""
+    from typer.testing import CliRunner
+
+    from kbverify import cli, sandbox
+
+    asked = []
+
+    def start_early(*, timing=True):
+        asked.append(timing)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(sandbox, "start_early", start_early)
+    result = CliRunner().invoke(cli.app, ["check", str(RELU), "--task", str(RELU), "--protocol", protocol])
+    assert asked == [timing] and "stop here" in str(result.exception)
+    assert ("scipy.stats" in sandbox.preload(timing=timing)) is timing

@@ -69,3 +69,13 @@ def test_the_child_gets_its_own_home_and_temp_dir():
     outcome = _build("import os, tempfile\nassert os.environ['HOME'].endswith('/home')\n"
                      "assert tempfile.gettempdir().endswith('/tmp')\nassert os.getcwd() == os.path.dirname(os.environ['HOME'])\n")
     assert outcome.result["ok"] is True, outcome.result
+
+
+def test_the_child_accounts_for_its_time_by_kind_of_phase():
+    outcome = _build("import time\ntime.sleep(0.3)\n")
+    spent = dict(outcome.phases_s)
+    assert spent["candidate:build"] >= 0.3
+    # the kinds partition the job's time, and the server's start-up plus the job fit in the wall time
+    assert abs(sum(spent.values()) - outcome.job_s) < 0.05
+    assert outcome.start_s is not None and outcome.start_s + outcome.job_s <= outcome.wall_s + 0.05
+    assert "candidate:build" in outcome.timeline() and "_phases_s" not in outcome.result
