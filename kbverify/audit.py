@@ -112,6 +112,10 @@ class AuditSettings:
     perturbation_seeds: int = 2
     timing_calls: int = 50
     timing_warmup_calls: int = 5
+    # The reference's timing stops once more than half the planned calls took this long or longer: the median of
+    # all of them could then be no lower, so any timing_min_us up to this one is decided exactly (a 10 ms reference
+    # needs 26 calls, not 50). Shorter references, where the flag is in question, always get every call.
+    timing_decided_us: float = 1000.0
     timeout_s: float = 900.0  # per task, wall clock
 
     def to_dict(self) -> dict:

@@ -628,24 +628,39 @@ def _timing(namespace, settings: dict, device) -> dict | None:
     inputs = set_inputs(namespace, {"seed": settings["input_seeds"][0], "distribution": "x1"}, device)
     tiny = torch.zeros(1, device=device)
     with torch.no_grad():
-        reference = _event_samples(lambda: model(*inputs), settings)
+        reference = _event_samples(lambda: model(*inputs), settings,
+                                   decided_us=settings.get("timing_decided_us"))
         floor = _event_samples(lambda: tiny.add_(1.0), settings)
     return {"reference_us": reference, "launch_floor_us": floor,
             "reference_median_us": statistics.median(reference), "launch_floor_median_us": statistics.median(floor)}
 
 
-def _event_samples(function, settings: dict) -> list[float]:
+def _event_samples(function, settings: dict, *, decided_us: float | None = None) -> list[float]:
     for _ in range(settings["timing_warmup_calls"]):
         function()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(settings["timing_calls"]):
+
+    def one_call_us() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         function()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0)
+        return start.elapsed_time(end) * 1000.0
+
+    return samples_until_decided(one_call_us, settings["timing_calls"], decided_us)
+
+
+def samples_until_decided(one_call_us, planned: int, decided_us: float | None) -> list[float]:
+    """Up to `planned` samples; fewer once more than half of the planned ones are >= `decided_us`: the median of
+    all `planned` (for an even count, the mean of the two middle ones) is then >= `decided_us` whatever the rest."""
+    samples: list[float] = []
+    at_or_above = 0
+    for _ in range(planned):
+        samples.append(one_call_us())
+        at_or_above += decided_us is not None and samples[-1] >= decided_us
+        if at_or_above > planned // 2:
+            break
     return samples
 
 

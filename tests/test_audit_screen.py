@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -404,3 +405,20 @@ print(before or "sympy" not in sys.modules)
 """
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "True"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.5, 50_000.0), min_size=1, max_size=60), st.floats(1.0, 20_000.0),
+       st.floats(0.5, 20_000.0))
+def test_the_timing_flag_stops_early_only_when_the_full_median_is_decided(times_us, decided_us, threshold_us):
+    from kbverify.audit_worker import samples_until_decided
+
+    planned = len(times_us)
+    calls = iter(times_us)
+    taken = samples_until_decided(lambda: next(calls), planned, decided_us)
+    assert taken == times_us[:len(taken)]
+    if len(taken) < planned:
+        assert statistics.median(times_us) >= decided_us
+        if threshold_us <= decided_us:  # the flag (median below the threshold) comes out as with every call
+            assert (statistics.median(taken) < threshold_us) == (statistics.median(times_us) < threshold_us)
+    assert samples_until_decided(lambda: 1e9, planned, None) == [1e9] * planned
