@@ -2,7 +2,7 @@
 
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
-        [--gpus N] [--per-gpu K] [--memory-budget-gib G]
+        [--gpus N] [--per-gpu K] [--memory-budget-gib G] [--footprints CACHE.json]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
@@ -21,6 +21,7 @@ reference/verified_and_hacks.md) and the total wall time go to stdout at the end
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import hashlib
 import json
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kbverify.admission import MemoryLedger  # noqa: E402
 from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_partials,  # noqa: E402
                             settings_fingerprint)
-from kbverify.footprint import audit_need_bytes, estimate_footprints  # noqa: E402
+from kbverify.footprint import Footprint, audit_need_bytes, estimate_footprints  # noqa: E402
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
@@ -87,6 +88,11 @@ def main() -> int:
     parser.add_argument("--memory-budget-gib", type=float, default=None,
                         help="device memory the copies on one GPU may reserve in all (default: "
                              f"{MEMORY_BUDGET_FRACTION:g} of its total; on a CPU device, no admission without it)")
+    parser.add_argument("--footprints", type=Path, default=None,
+                        help="a JSON cache of the tasks' footprints by content hash: read, and completed with the "
+                             "ones it lacks (measure it on a CPU beforehand to save the GPU machine that time)")
+    parser.add_argument("--estimate-only", action="store_true",
+                        help="fill the --footprints cache and print the memory estimates' summary; audit nothing")
     parser.add_argument("--retry-per-gpu", type=int, default=2,
                         help="after the sharded pass, audit what failed (out of memory, mostly) again with this many "
                              "copies per GPU; then the rest one at a time")
@@ -115,14 +121,24 @@ def main() -> int:
         merge_partials(Path(f"{args.out_prefix}.partial.jsonl"), _shard_files(Path(args.out_prefix)),
                        settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
                                             settings=_settings(args)))
+    if args.estimate_only:
+        if args.footprints is None:
+            print("--estimate-only needs --footprints CACHE.json", file=sys.stderr)
+            return 2
+        memory_needs(args, tasks)
+        return 0
     needs = None
     if sharded and not args.report_only:
         needs = memory_needs(args, tasks)
+    sampler = GpuSampler.start(Path(f"{args.out_prefix}.gpu_samples.csv")) if (
+        needs is not None and args.device.startswith("cuda")) else None
     if needs is not None:
         run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
         if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
             # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
             run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
+    if sampler is not None:
+        log.info("%s", sampler.stop())
     settings = _settings(args)
     fresh_runs = []
 
@@ -154,6 +170,51 @@ def main() -> int:
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
+
+
+class GpuSampler:
+    """nvidia-smi's view every second while the copies run: whether the GPU or memory admission is what limits
+    the audit (a busy GPU cannot go faster with more copies; an idle one waits on memory or the CPU)."""
+
+    def __init__(self, path: Path, process):
+        self.path, self.process = path, process
+
+    @classmethod
+    def start(cls, path: Path) -> GpuSampler | None:
+        if not shutil.which("nvidia-smi"):
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "w")
+        process = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used",
+                                    "--format=csv,noheader,nounits", "-lms", "1000"], stdout=handle,
+                                   stderr=subprocess.DEVNULL)
+        handle.close()
+        return cls(path, process)
+
+    def stop(self) -> str:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        return summarize_gpu_samples(self.path.read_text())
+
+
+def summarize_gpu_samples(text: str) -> str:
+    """One line from nvidia-smi's CSV samples (timestamp, index, utilization %, memory MiB)."""
+    busy, memory = [], []
+    for row in text.splitlines():
+        parts = [part.strip() for part in row.split(",")]
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            busy.append(int(parts[2]))
+            memory.append(int(parts[3]))
+    if not busy:
+        return "gpu: no utilization samples"
+    ordered = sorted(busy)
+    return (f"gpu: {len(busy)} samples, utilization median {ordered[len(ordered) // 2]}%, "
+            f"at least 90% in {100 * sum(b >= 90 for b in busy) / len(busy):.0f}% of them, "
+            f"below 50% in {100 * sum(b < 50 for b in busy) / len(busy):.0f}%; "
+            f"memory used max {max(memory) / 1024:.1f} GiB")
 
 
 def _settings(args) -> AuditSettings:
@@ -207,16 +268,31 @@ def memory_needs(args, tasks) -> dict:
     # The estimate runs on the CPU's meta device either way; a CUDA child also reports the GPU's total memory.
     probe_device = "cuda:0" if args.device.startswith("cuda") and budget is None else "cpu"
     started = time.monotonic()
-    footprints = estimate_footprints(tasks, device=probe_device)
-    if budget is None and footprints.device_total_bytes:
-        budget = int(footprints.device_total_bytes * MEMORY_BUDGET_FRACTION)
-    needs = {key: audit_need_bytes(fp) for key, fp in footprints.by_key.items()}
+    cached = _read_footprints(args.footprints)
+    missing = [t for t in tasks if t.sha256 not in cached]
+    if missing or budget is None:
+        footprints = estimate_footprints(missing or tasks[:1], device=probe_device)
+        if budget is None and footprints.device_total_bytes:
+            budget = int(footprints.device_total_bytes * MEMORY_BUDGET_FRACTION)
+        by_sha = {t.key: t.sha256 for t in tasks}
+        cached.update({by_sha[key]: fp for key, fp in footprints.by_key.items() if key in by_sha})
+        if args.footprints and missing:
+            args.footprints.write_text(json.dumps({sha: dataclasses.asdict(fp) for sha, fp in sorted(cached.items())},
+                                                  indent=0))
+    needs = {t.key: audit_need_bytes(cached[t.sha256]) if t.sha256 in cached else None for t in tasks}
     unknown = sorted(key for key, need in needs.items() if need is None)
-    log.info("estimated %d tasks' memory in %.1f s: budget %s, %d over it, %d unknown%s", len(needs),
-             time.monotonic() - started, f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
+    log.info("estimated %d tasks' memory in %.1f s (measured %d of %d, the rest from the cache): budget %s, "
+             "%d over it, %d unknown%s", len(needs), time.monotonic() - started, len(missing), len(tasks), f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
              sum(1 for need in needs.values() if budget and need is not None and need > budget), len(unknown),
              f" ({', '.join(unknown[:5])})" if unknown else "")
     return {"budget_bytes": budget, "needs": needs}
+
+
+def _read_footprints(path: Path | None) -> dict:
+    """Footprints measured before (a pure function of the task's source, keyed by its content hash)."""
+    if path is None or not path.exists():
+        return {}
+    return {sha: Footprint.from_dict(data) for sha, data in json.loads(path.read_text()).items()}
 
 
 def memory_check(partial: Path, needs: dict) -> str:

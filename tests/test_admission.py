@@ -164,3 +164,38 @@ def test_memory_check_reports_the_audits_whose_peak_exceeded_their_estimate(tmp_
     assert "2 recorded peaks" in text and "worst peak/estimate 1.50 (level1/1_A)" in text
     assert "1 over their estimate: level1/1_A 1.50" in text
     assert "no recorded peaks" in script.memory_check(tmp_path / "missing.jsonl", {})
+
+
+def test_gpu_samples_summary_reads_nvidia_smi_rows_and_skips_the_rest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = ["2026/11/29 23:00:0%d.000, 0, %d, %d" % (i, busy, mib)
+            for i, (busy, mib) in enumerate([(100, 1024), (95, 40960), (30, 2048), (0, 512)])]
+    text = script.summarize_gpu_samples("\n".join(rows + ["[N/A], 0, [N/A], [N/A]", ""]))
+    assert text == ("gpu: 4 samples, utilization median 95%, at least 90% in 50% of them, below 50% in 50%; "
+                    "memory used max 40.0 GiB")
+    assert script.summarize_gpu_samples("") == "gpu: no utilization samples"
+
+
+def test_the_footprint_cache_is_filled_once_and_then_read_instead_of_measuring(tmp_path):
+    tasks = tmp_path / "tasks" / "level1"
+    tasks.mkdir(parents=True)
+    (tasks / "1_Scale.py").write_text(HEADER + "class Model(nn.Module):\n    def forward(self, x):\n"
+                                      "        return x * 2\n\n\ndef get_inputs():\n    return [torch.rand(256, 256)]\n\n\n"
+                                      "def get_init_inputs():\n    return []\n")
+    cache = tmp_path / "footprints.json"
+    command = [sys.executable, str(REPO / "scripts" / "audit_kernelbench.py"), str(tmp_path / "tasks"),
+               str(tmp_path / "out" / "kb"), "--device", "cpu", "--levels", "1", "--memory-budget-gib", "1",
+               "--footprints", str(cache), "--estimate-only"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["status"] == "full" and entry["input_bytes"] == entry["output_bytes"] == 256 * 256 * 4
+    # a second run reads the cache: its estimate line says no task needed measuring
+    cache.write_text(cache.read_text().replace(str(256 * 256 * 4), str(3 * 256 * 256 * 4), 1))
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0 and "measured 0 of 1" in second.stderr, second.stderr
+    assert json.loads(cache.read_text()) != {}  # left as it was: nothing missing, nothing rewritten
