@@ -517,31 +517,38 @@ def _dead_check(namespace, settings: dict, device) -> dict:
 
 def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
     """Estimated relative output change for a perturbation of each input and parameter at its own scale:
-    ‖∂⟨out, r⟩/∂θ‖·rms(θ)/‖out‖ for a random projection r. None where no gradient could be taken."""
-    inputs = context.inputs(meta)
-    leaves = [v.detach().clone().requires_grad_(True) if _is_float(v) else None for v in inputs]
+    ‖∂⟨out, r⟩/∂θ‖·rms(θ)/‖out‖ for a random projection r. None where no gradient could be taken.
+
+    This backward is the audit's largest moment for most big tasks (ten input-sized tensors on an element-wise
+    one), so it holds no more than it must: the leaves are the drawn inputs themselves (detached aliases, which
+    nothing writes to), the model gets clones only if it works in place on its inputs, the outputs are gone
+    before the backward, and r is drawn again there instead of being kept (_Projection) — the gradients are the
+    same numbers as with a stored r."""
+    drawn = context.inputs(meta)
+    leaves = [v.detach().requires_grad_(True) if _is_float(v) else None for v in drawn]
+    kinds = [(index, str(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__)
+             for index, v in enumerate(drawn) if isinstance(v, torch.Tensor)]
+    inputs = [leaf if leaf is not None else value for leaf, value in zip(leaves, drawn)]
+    del drawn
     parameters = [(name, p) for name, p in context.model.named_parameters() if p.is_floating_point()]
     for _, parameter in parameters:
         parameter.grad = None
     error = ""
     output_norm = 0.0
     try:
-        set_seed(derive_seed(str(meta["seed"]), "call"))
         with torch.enable_grad():
-            # clones, so a reference that works in place on its inputs does not trip over a leaf
-            outputs = flatten_outputs(context.model(*[leaf.clone() if leaf is not None else value
-                                                      for leaf, value in zip(leaves, inputs)]))
+            outputs = _forward_on_leaves(context, meta, leaves, inputs)
             differentiable = [o for o in outputs if _is_float(o) and o.requires_grad]
+            del outputs
             if not differentiable:
                 error = "no differentiable output"
             else:
                 generator = torch.Generator(device=context.device).manual_seed(derive_seed("audit", "projection"))
                 # A scalar loss, not backward(outputs, grad_tensors=r): explicit gradients make torch import
-                # sympy (its shape check), a quarter of a second in every audit process, for one output-sized
-                # temporary saved (the product; autograd keeps r, not it).
-                loss = sum((o * torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)).sum()
-                           for o in differentiable)
+                # sympy (its shape check), a quarter of a second in every audit process.
+                loss = sum(_Projection.apply(o, generator) for o in differentiable)
                 output_norm = math.sqrt(sum(_norm(o.detach()) ** 2 for o in differentiable))
+                del differentiable
                 loss.backward()
     except BaseException as error_:  # noqa: BLE001 - no gradient: every input and parameter is a candidate
         _stop_if_out_of_memory(error_)
@@ -556,16 +563,51 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
         estimate = _norm(grad) * scale / output_norm
         return estimate if math.isfinite(estimate) else None
 
-    found_inputs = [{"kind": "input", "index": index, "name": f"input {index}",
-                     "dtype": str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__,
-                     "sensitivity": sensitivity(value, leaf.grad) if leaf is not None else None}
-                    for index, (leaf, value) in enumerate(zip(leaves, inputs)) if isinstance(value, torch.Tensor)]
+    found_inputs = [{"kind": "input", "index": index, "name": f"input {index}", "dtype": dtype,
+                     "sensitivity": (sensitivity(leaves[index].detach(), leaves[index].grad)
+                                     if leaves[index] is not None else None)}
+                    for index, dtype in kinds]
     found_parameters = [{"kind": "parameter", "name": name, "numel": parameter.numel(),
                          "sensitivity": sensitivity(parameter.detach(), parameter.grad)}
                         for name, parameter in parameters]
     for _, parameter in parameters:
         parameter.grad = None
     return {"inputs": found_inputs, "parameters": found_parameters, "error": error}
+
+
+def _forward_on_leaves(context: _FamilyContext, meta: dict, leaves: list, inputs: list) -> list:
+    """The model on the leaves themselves; on clones of them when it works in place on an input (autograd
+    refuses that on a leaf, before anything has run that the retry could repeat differently: same seed)."""
+    for cloned in (False, True):
+        set_seed(derive_seed(str(meta["seed"]), "call"))
+        arguments = [(leaf.clone() if cloned else leaf) if leaf is not None else value
+                     for leaf, value in zip(leaves, inputs)]
+        try:
+            return flatten_outputs(context.model(*arguments))
+        except RuntimeError as error:
+            if cloned or "leaf Variable that requires grad" not in str(error):
+                raise
+    raise AssertionError("unreachable")
+
+
+class _Projection(torch.autograd.Function):
+    """⟨o, r⟩ for r ~ N(0, 1) drawn from `generator`, whose gradient with respect to o is r: r is drawn in the
+    forward (to advance the generator as a stored draw would) and dropped, then drawn again from the saved state
+    in the backward, so the backward holds one copy of it, as the gradient, and nothing else of o's size."""
+
+    @staticmethod
+    def forward(ctx, o, generator):
+        ctx.state, ctx.shape, ctx.dtype = generator.get_state(), o.shape, o.dtype
+        ctx.device = o.device
+        r = torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)
+        return r.mul_(o).sum()  # in place: r is this function's own, and no o-sized product is kept
+
+    @staticmethod
+    def backward(ctx, grad):
+        generator = torch.Generator(device=ctx.device)
+        generator.set_state(ctx.state)
+        r = torch.randn(ctx.shape, generator=generator, device=ctx.device, dtype=ctx.dtype)
+        return r.mul_(grad), None
 
 
 def _perturb(context: _FamilyContext, metas: list, item: dict, parameters: dict) -> dict:

@@ -422,3 +422,33 @@ def test_the_timing_flag_stops_early_only_when_the_full_median_is_decided(times_
         if threshold_us <= decided_us:  # the flag (median below the threshold) comes out as with every call
             assert (statistics.median(taken) < threshold_us) == (statistics.median(times_us) < threshold_us)
     assert samples_until_decided(lambda: 1e9, planned, None) == [1e9] * planned
+
+
+# ---- the dead check's backward, held small ---------------------------------------------------------------------
+
+def test_the_projection_drawn_again_gives_the_gradient_a_stored_projection_gives():
+    o = torch.randn(3, 1000, requires_grad=True)
+    stored = torch.Generator().manual_seed(5)
+    r = torch.randn(o.shape, generator=stored)
+    generator = torch.Generator().manual_seed(5)
+    loss = audit_worker._Projection.apply(o, generator)
+    loss.backward()
+    assert torch.equal(o.grad, r)  # bit for bit: the gradient of ⟨o, r⟩ is r
+    assert torch.allclose(loss, (o.detach() * r).sum())
+    # the forward advanced the generator as a stored draw would: a second output gets the same r as before
+    assert torch.equal(generator.get_state(), stored.get_state())
+
+
+@pytest.mark.parametrize("forward, dead", [("x.mul_(2.0)\n        return x + self.bias", False),
+                                           ("return x * 0.0 + self.bias", True)])
+def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_on_its_input(forward, dead):
+    source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")
+    from kbverify.evaluate import shape_namespaces
+    from kbverify.tasks import parse_task
+
+    namespace = shape_namespaces(parse_task(source, name="1_InPlace"), [{"shape": "original", "overrides": {}}])
+    found = audit_worker._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
+    assert found["gradient_error"] == ""
+    (entry,) = found["inputs"]
+    assert (entry["sensitivity"] == 0.0) is dead and entry["sensitivity"] is not None
+    assert [p["name"] for p in found["parameters"]] == ["bias"] and found["parameters"][0]["sensitivity"] > 0
