@@ -107,21 +107,30 @@ def load_kernels(corpus: Path, subset: Path, limit: int, extra: Path | None, rep
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kb", type=Path, required=True, help="folder holding KernelBench v0.1's src/")
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--subset", type=Path, required=True)
+    parser.add_argument("--kb", type=Path, help="folder holding KernelBench v0.1's src/")
+    parser.add_argument("--corpus", type=Path)
+    parser.add_argument("--subset", type=Path)
     parser.add_argument("--extra", type=Path, default=None, help="folder of own CUDA kernels (tests/gpu_corpus/honest)")
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--work", type=Path, default=Path(".device/parity"))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--table-from", type=Path, nargs="+", default=None,
+                        help="print the table and summary of earlier runs' parity.jsonl files; run nothing")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side per kernel, alternating")
     parser.add_argument("--prebuild-only", action="store_true", help="build every kernel for both sides and stop")
     parser.add_argument("--kb-from", type=int, default=0,
                         help="run KernelBench only from this kernel index on (earlier ones were measured already)")
     args = parser.parse_args()
+    if args.table_from:
+        records = [json.loads(line) for path in args.table_from for line in path.read_text().splitlines()]
+        print("\n".join(_row(record) for record in records))
+        print(_summary(records))
+        return
+    if not (args.kb and args.corpus and args.subset and args.out):
+        parser.error("--kb, --corpus, --subset and --out are needed to run (or --table-from to report)")
     repo = Path(__file__).resolve().parent.parent
     kernels = load_kernels(args.corpus, args.subset, args.limit, args.extra, repo)
     for index, kernel in enumerate(kernels):
@@ -165,8 +174,18 @@ def main() -> None:
     if args.prebuild_only:
         return
 
+    # A cut run resumes: the kernels already in the output file are reported from it, not run again.
+    finished = {}
+    if (args.out / "parity.jsonl").exists():
+        for line in (args.out / "parity.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            finished[record["id"]] = record
     results = []
     for index, kernel in enumerate(kernels):
+        if kernel["id"] in finished:
+            results.append(finished[kernel["id"]])
+            print(_row(finished[kernel["id"]]) + " (resumed)", flush=True)
+            continue
         folder = kernel["folder"]
         pair = ["kb", "kbverify"] if index % 2 == 0 else ["kbverify", "kb"]
         order = pair * args.repeats

@@ -1,0 +1,41 @@
+"""scripts/parity_kernelbench.py's report mode: the table and summary of stored runs, without a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _record(kernel: str, kb: list[float], kv: list[float], kb_s: float, kv_s: float, agree: bool = True) -> dict:
+    kb_median, kv_median = sorted(kb)[len(kb) // 2], sorted(kv)[len(kv) // 2]
+    spread = max((max(v) - min(v)) / min(v) for v in (kb, kv))
+    change = abs(kv_median / kb_median - 1)
+    return {"id": kernel, "kb_compiled": True, "kb_correct": True, "verdicts_agree": agree,
+            "kbverify_runs": [{"status": "passed", "build": {"native_sources": False}}],
+            "kb_speedup": kb_median, "kbverify_speedup": kv_median, "speedup_change": change,
+            "measured_spread": spread, "within_spread": change <= spread, "kb_process_s": kb_s,
+            "kbverify_process_s": kv_s, "cost_ratio": kv_s / kb_s}
+
+
+def test_the_report_mode_merges_runs_and_counts_agreement_spread_and_cost(tmp_path):
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(json.dumps(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0)) + "\n")
+    second.write_text(json.dumps(_record("k2", [2.0, 2.02], [2.5, 2.5], 10.0, 5.0, agree=False)) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
+                          str(first), str(second)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("| k1 |") and lines[1].startswith("| k2 |")
+    assert "compiled/correct verdicts agree: 1/2" in run.stdout
+    assert "within the larger of the two tools' own run-to-run spread: 1/2" in run.stdout
+    assert "wall per kernel kbverify/KernelBench: median 1.00" in run.stdout  # 1.5 and 0.5
+
+
+def test_running_needs_the_kernelbench_copy_and_says_so():
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--kb", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--table-from" in run.stderr and "Traceback" not in run.stderr
