@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def preload(*, timing: bool) -> list[str]:
 
 
 def _forkserver(*, timing: bool = True):
-    """The worker server, created on first use; `timing` only matters then (what the server preloads)."""
+    """The worker server, created and started on first use; `timing` only matters then (what it preloads)."""
     global _context
     if _context is None:
         method = os.environ.get("KBVERIFY_START_METHOD", "forkserver")
@@ -58,21 +59,42 @@ def _forkserver(*, timing: bool = True):
         except ValueError:  # platforms without forkserver
             context = multiprocessing.get_context("spawn")
         _context = context
+        if context.get_start_method() == "forkserver":
+            _start_server_off_our_output()
     return _context
+
+
+def _start_server_off_our_output() -> None:
+    """Start the server (and multiprocessing's resource tracker) with stdout and stderr on /dev/null. Inheriting
+    ours, they would hold a caller's pipes open after kbverify has exited, until their own exit (a process with
+    torch loaded takes a while to finish): a caller reading kbverify's output waited ~0.5 s more per command on a
+    CPU. Workers write to logs of their own anyway; a server that cannot start shows as workers that cannot."""
+    from multiprocessing import forkserver
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):  # closed or replaced streams
+            pass
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        forkserver.ensure_running()
+    except OSError as error:
+        log.warning("could not start the worker server: %s", error)
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
 
 
 def start_early(*, timing: bool = True) -> None:
     """Start the forkserver now, so its torch import overlaps with whatever the parent does next. `timing=False`:
     no interleaved timing will run (see TIMING_PRELOAD)."""
-    context = _forkserver(timing=timing)
-    if context.get_start_method() != "forkserver":
-        return
-    from multiprocessing import forkserver
-
-    try:
-        forkserver.ensure_running()
-    except OSError as error:
-        log.warning("could not start the worker server early: %s", error)
+    _forkserver(timing=timing)
 
 
 @dataclass(frozen=True)

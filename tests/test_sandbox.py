@@ -3,6 +3,8 @@
 import os
 import time
 
+import pytest
+
 from kbverify.sandbox import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, run_child
 
 
@@ -79,3 +81,18 @@ def test_the_child_accounts_for_its_time_by_kind_of_phase():
     assert abs(sum(spent.values()) - outcome.job_s) < 0.05
     assert outcome.start_s is not None and outcome.start_s + outcome.job_s <= outcome.wall_s + 0.05
     assert "candidate:build" in outcome.timeline() and "_phases_s" not in outcome.result
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+def test_the_worker_server_does_not_hold_the_callers_output_pipes():
+    """Holding them, it kept a caller reading kbverify's output waiting until the server itself had exited."""
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom multiprocessing import forkserver\nfrom kbverify import sandbox\n"
+            "sandbox.start_early(timing=False)\npid = forkserver._forkserver._forkserver_pid\n"
+            "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'), os.readlink('/proc/self/fd/1'))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    server_out, server_err, own_out = run.stdout.split()
+    assert server_out == server_err == os.devnull
+    assert own_out.startswith("pipe:")  # ours is back as it was
