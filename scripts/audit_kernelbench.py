@@ -2,7 +2,7 @@
 
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
-        [--gpus N] [--per-gpu K] [--memory-budget-gib G] [--footprints CACHE.json]
+        [--gpus N] [--per-gpu K] [--memory-budget-gib G] [--memory-factor F] [--footprints CACHE.json]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kbverify.admission import MemoryLedger  # noqa: E402
 from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_partials,  # noqa: E402
                             settings_fingerprint)
-from kbverify.footprint import Footprint, audit_need_bytes, estimate_footprints  # noqa: E402
+from kbverify.footprint import (AUDIT_MEMORY_FACTOR, Footprint, audit_need_bytes,  # noqa: E402
+                                estimate_footprints)
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
@@ -88,6 +89,9 @@ def main() -> int:
     parser.add_argument("--memory-budget-gib", type=float, default=None,
                         help="device memory the copies on one GPU may reserve in all (default: "
                              f"{MEMORY_BUDGET_FRACTION:g} of its total; on a CPU device, no admission without it)")
+    parser.add_argument("--memory-factor", type=float, default=AUDIT_MEMORY_FACTOR,
+                        help="an audit's expected peak over its tensors' bytes, for admission (default "
+                             f"{AUDIT_MEMORY_FACTOR:g}, kbverify.footprint)")
     parser.add_argument("--footprints", type=Path, default=None,
                         help="a JSON cache of the tasks' footprints by content hash: read, and completed with the "
                              "ones it lacks (measure it on a CPU beforehand to save the GPU machine that time)")
@@ -279,10 +283,12 @@ def memory_needs(args, tasks) -> dict:
         if args.footprints and missing:
             args.footprints.write_text(json.dumps({sha: dataclasses.asdict(fp) for sha, fp in sorted(cached.items())},
                                                   indent=0))
-    needs = {t.key: audit_need_bytes(cached[t.sha256]) if t.sha256 in cached else None for t in tasks}
+    needs = {t.key: audit_need_bytes(cached[t.sha256], args.memory_factor) if t.sha256 in cached else None
+             for t in tasks}
     unknown = sorted(key for key, need in needs.items() if need is None)
-    log.info("estimated %d tasks' memory in %.1f s (measured %d of %d, the rest from the cache): budget %s, "
-             "%d over it, %d unknown%s", len(needs), time.monotonic() - started, len(missing), len(tasks), f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
+    log.info("estimated %d tasks' memory in %.1f s (measured %d of %d, the rest from the cache; factor %g): "
+             "budget %s, %d over it, %d unknown%s", len(needs), time.monotonic() - started, len(missing), len(tasks),
+             args.memory_factor, f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
              sum(1 for need in needs.values() if budget and need is not None and need > budget), len(unknown),
              f" ({', '.join(unknown[:5])})" if unknown else "")
     return {"budget_bytes": budget, "needs": needs}

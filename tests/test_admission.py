@@ -196,6 +196,24 @@ def test_the_footprint_cache_is_filled_once_and_then_read_instead_of_measuring(t
     assert entry["status"] == "full" and entry["input_bytes"] == entry["output_bytes"] == 256 * 256 * 4
     # a second run reads the cache: its estimate line says no task needed measuring
     cache.write_text(cache.read_text().replace(str(256 * 256 * 4), str(3 * 256 * 256 * 4), 1))
-    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(command + ["--memory-factor", "2.5"], capture_output=True, text=True, timeout=120)
     assert second.returncode == 0 and "measured 0 of 1" in second.stderr, second.stderr
+    assert "factor 2.5" in second.stderr
     assert json.loads(cache.read_text()) != {}  # left as it was: nothing missing, nothing rewritten
+
+
+def test_the_schedule_replay_serializes_what_does_not_fit_together():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("simulate", REPO / "scripts" / "simulate_audit_schedule.py")
+    simulate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(simulate)
+    tasks = [("big1", 10.0, 100.0), ("big2", 10.0, 100.0), ("small1", 1.0, 50.0), ("small2", 1.0, 50.0)]
+    # two big ones (40 GiB each at factor 4) fit a 100 GiB budget together; the small ones run beside them
+    assert simulate.makespan(tasks, factor=4, budget_gib=100, copies=4) == 100.0
+    # at a factor that makes each big one 60 GiB they take turns, the small ones fill the gaps
+    assert simulate.makespan(tasks, factor=6, budget_gib=100, copies=4) == 200.0
+    # one copy: everything in a row, whatever the memory
+    assert simulate.makespan(tasks, factor=1, budget_gib=100, copies=1) == 300.0
+    # a task over the budget runs alone, never beside another
+    assert simulate.makespan([("huge", 50.0, 10.0), ("other", 1.0, 10.0)], factor=4, budget_gib=100, copies=2) == 20.0
