@@ -57,7 +57,7 @@ from kbverify.correctness import judge_set
 from kbverify.errors import InputError
 from kbverify.inputs import KERNELBENCH_SEED, kernelbench_trial_seeds
 from kbverify.protocols import ALL_DISTRIBUTIONS, Protocol, get_protocol
-from kbverify.sandbox import run_child
+from kbverify.sandbox import run_child, start_early
 from kbverify.tasks import Task, load_task_dir
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,8 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
         partial.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             partial.write_text("")
+    if run:
+        start_early(timing=False)  # audit workers never run the interleaved timing (sandbox.TIMING_PRELOAD)
     started = time.monotonic()
     audits: list[TaskAudit] = []
     lines: list[dict] = []

@@ -235,7 +235,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("rescore", "audit", "demo"):
         from kbverify.sandbox import start_early
 
-        start_early()
+        start_early(timing=sys.argv[1] != "audit")
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
