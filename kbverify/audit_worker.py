@@ -530,6 +530,8 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
              for index, v in enumerate(drawn) if isinstance(v, torch.Tensor)]
     inputs = [leaf if leaf is not None else value for leaf, value in zip(leaves, drawn)]
     del drawn
+    # each input's scale before the model runs: one that writes to its input behind autograd's back changes it
+    scales = [_rms(leaf.detach()) if leaf is not None else None for leaf in leaves]
     parameters = [(name, p) for name, p in context.model.named_parameters() if p.is_floating_point()]
     for _, parameter in parameters:
         parameter.grad = None
@@ -556,19 +558,18 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
             raise
         error = short_error(error_, 300)
 
-    def sensitivity(value, grad):
+    def sensitivity(scale, grad):
         if error or grad is None or output_norm == 0.0:
             return None
-        scale = _rms(value) or 1.0
-        estimate = _norm(grad) * scale / output_norm
+        estimate = _norm(grad) * (scale or 1.0) / output_norm
         return estimate if math.isfinite(estimate) else None
 
     found_inputs = [{"kind": "input", "index": index, "name": f"input {index}", "dtype": dtype,
-                     "sensitivity": (sensitivity(leaves[index].detach(), leaves[index].grad)
+                     "sensitivity": (sensitivity(scales[index], leaves[index].grad)
                                      if leaves[index] is not None else None)}
                     for index, dtype in kinds]
     found_parameters = [{"kind": "parameter", "name": name, "numel": parameter.numel(),
-                         "sensitivity": sensitivity(parameter.detach(), parameter.grad)}
+                         "sensitivity": sensitivity(_rms(parameter.detach()), parameter.grad)}
                         for name, parameter in parameters]
     for _, parameter in parameters:
         parameter.grad = None

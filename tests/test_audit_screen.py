@@ -452,3 +452,30 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
     (entry,) = found["inputs"]
     assert (entry["sensitivity"] == 0.0) is dead and entry["sensitivity"] is not None
     assert [p["name"] for p in found["parameters"]] == ["bias"] and found["parameters"][0]["sensitivity"] > 0
+
+
+@pytest.mark.parametrize("forward", ["return torch.tanh(x) * 2 + self.bias",
+                                     "x.data.mul_(3.0)\n        return x * 2 + self.bias"])
+def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_clones(monkeypatch, forward):
+    """The leaves are the drawn inputs themselves; a model that writes to its input behind autograd's back must
+    not change what is reported (each input's scale is taken before the model runs)."""
+    from kbverify.evaluate import shape_namespaces
+    from kbverify.tasks import parse_task
+
+    source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")
+
+    def dead(namespace_source):
+        namespace = shape_namespaces(parse_task(namespace_source, name="1_Scaled"),
+                                     [{"shape": "original", "overrides": {}}])["original"]
+        return audit_worker._dead_check(namespace, AuditSettings().worker_dict(), torch.device("cpu"))
+
+    on_leaves = dead(source)
+    original = audit_worker._forward_on_leaves
+
+    def always_clones(context, meta, leaves, inputs):
+        return original(context, meta, [leaf.clone() if leaf is not None else None for leaf in leaves], inputs)
+
+    monkeypatch.setattr(audit_worker, "_forward_on_leaves", always_clones)
+    on_clones = dead(source)
+    assert on_leaves["inputs"][0]["sensitivity"] is not None
+    assert json.dumps(on_leaves, sort_keys=True) == json.dumps(on_clones, sort_keys=True)
