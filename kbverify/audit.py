@@ -244,6 +244,10 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
         tasks = load_task_dir(tasks)
     settings = settings or AuditSettings()
     thresholds = thresholds or AuditThresholds()
+    if thresholds.timing_min_us > settings.timing_decided_us:
+        # the worker stops timing once the median is decided up to timing_decided_us, not beyond
+        raise InputError(f"timing_min_us {thresholds.timing_min_us:g} is above the {settings.timing_decided_us:g} µs "
+                         "the timing flag is decided up to (AuditSettings.timing_decided_us)")
     protocols = _resolve(protocols)
     judged = _with_identity_variants(protocols, settings.distributions)
     worker_settings = settings.worker_dict()

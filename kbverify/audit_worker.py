@@ -577,18 +577,22 @@ def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
 
 
 def _forward_on_leaves(context: _FamilyContext, meta: dict, leaves: list, inputs: list) -> list:
-    """The model on the leaves themselves; on clones of them when it works in place on an input (autograd
-    refuses that on a leaf, before anything has run that the retry could repeat differently: same seed)."""
-    for cloned in (False, True):
+    """The model on the leaves themselves. One that works in place on an input is refused that by autograd on a
+    leaf, possibly after it has already written to an input some other way: it runs again on fresh draws of the
+    same seed, cloned, whose leaves replace `leaves`' entries (so the gradients land where the caller reads them)."""
+    try:
         set_seed(derive_seed(str(meta["seed"]), "call"))
-        arguments = [(leaf.clone() if cloned else leaf) if leaf is not None else value
-                     for leaf, value in zip(leaves, inputs)]
-        try:
-            return flatten_outputs(context.model(*arguments))
-        except RuntimeError as error:
-            if cloned or "leaf Variable that requires grad" not in str(error):
-                raise
-    raise AssertionError("unreachable")
+        return flatten_outputs(context.model(*inputs))
+    except RuntimeError as error:
+        if "leaf Variable that requires grad" not in str(error):
+            raise
+    fresh = context.inputs(meta)
+    for index, value in enumerate(fresh):
+        if leaves[index] is not None:
+            leaves[index] = value.detach().requires_grad_(True)
+            fresh[index] = leaves[index].clone()
+    set_seed(derive_seed(str(meta["seed"]), "call"))
+    return flatten_outputs(context.model(*fresh))
 
 
 class _Projection(torch.autograd.Function):

@@ -76,19 +76,24 @@ def _start_server_off_our_output() -> None:
             stream.flush()
         except (AttributeError, ValueError, OSError):  # closed or replaced streams
             pass
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        saved = [os.dup(1), os.dup(2)]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # our own stdout or stderr is closed: nothing of ours to keep the server off
+        saved = []
+    try:
+        if saved:
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
         forkserver.ensure_running()
     except OSError as error:
         log.warning("could not start the worker server: %s", error)
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
+        if saved:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, devnull):
+                os.close(fd)
 
 
 def start_early(*, timing: bool = True) -> None:
@@ -208,15 +213,19 @@ class _Running:
             _last_worker_info[self.spec.device] = result.pop("_worker")
         phases = result.pop("_phases_s", None) if isinstance(result, dict) else None
         job_s = result.pop("_job_s", None) if isinstance(result, dict) else None
-        phases_s = tuple((str(kind), float(seconds)) for kind, seconds in (phases or []))
+        # written where the submission ran: numbers only, anything else dropped
+        phases_s = tuple((kind, float(seconds)) for kind, seconds in
+                         (entry for entry in (phases if isinstance(phases, list) else [])
+                          if isinstance(entry, list) and len(entry) == 2)
+                         if isinstance(kind, str) and _is_number(seconds))
+        job_s = float(job_s) if _is_number(job_s) else None
         phase_file = self.workdir / "phase"
         last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = ChildOutcome(result=result, exit_code=self.process.exitcode, timed_out=self.timed_out,
                                     last_phase=last_phase, output_head=self.head.decode(errors="replace"),
                                     output_tail=tail, output_bytes=self.dropped + size, wall_s=wall_s,
-                                    start_s=self.start_s, phases_s=phases_s,
-                                    job_s=float(job_s) if job_s is not None else None)
+                                    start_s=self.start_s, phases_s=phases_s, job_s=job_s)
         shutil.rmtree(self.resultdir, ignore_errors=True)
         if not self.spec.keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -345,6 +354,10 @@ def _die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(70)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _json_default(value):

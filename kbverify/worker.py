@@ -41,9 +41,7 @@ def run_job(job: str, payload: dict, *, workdir: str) -> dict:
     else:
         result = getattr(importlib.import_module(module_name), function)(payload)
     if isinstance(result, dict):
-        _close_phase(time.monotonic())  # where this worker's time went, by kind of phase
-        result["_phases_s"] = [[kind, round(seconds, 4)] for kind, seconds in _PHASE_SECONDS.items()]
-        result["_job_s"] = round(time.monotonic() - _JOB_STARTED, 4)
+        result.update(_time_accounts())
     if isinstance(result, dict) and job != "probe":
         # Provenance rides along with every result, so the parent needs no separate probe.
         result["_worker"] = probe_job(payload)
@@ -81,6 +79,18 @@ def announce(phase: str) -> None:
         return
     with open(os.path.join(_WORKDIR, "phase"), "w") as handle:
         handle.write(phase)
+
+
+def _time_accounts() -> dict:
+    """Where this worker's time went, by kind of phase. Taken defensively: the submission runs in this process and
+    can reach these globals, and a failure here must not turn its verdict into our infrastructure error."""
+    try:
+        _close_phase(time.monotonic())
+        phases = [[kind, round(seconds, 4)] for kind, seconds in _PHASE_SECONDS.items()
+                  if type(kind) is str and type(seconds) is float]
+        return {"_phases_s": phases, "_job_s": round(float(time.monotonic() - _JOB_STARTED), 4)}
+    except Exception:  # noqa: BLE001 - tampered bookkeeping: no accounts, the verdict stands
+        return {}
 
 
 def _close_phase(now: float) -> None:

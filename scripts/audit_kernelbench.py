@@ -42,6 +42,7 @@ from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_par
 from kbverify.footprint import (AUDIT_MEMORY_FACTOR, Footprint, audit_need_bytes,  # noqa: E402
                                 estimate_footprints)
 from kbverify.protocols import parse_protocols  # noqa: E402
+from kbverify.sandbox import start_early  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
 log = logging.getLogger("audit_kernelbench")
@@ -136,13 +137,15 @@ def main() -> int:
         needs = memory_needs(args, tasks)
     sampler = GpuSampler.start(Path(f"{args.out_prefix}.gpu_samples.csv")) if (
         needs is not None and args.device.startswith("cuda")) else None
-    if needs is not None:
-        run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
-        if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
-            # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
-            run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
-    if sampler is not None:
-        log.info("%s", sampler.stop())
+    try:
+        if needs is not None:
+            run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
+            if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
+                # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
+                run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
+    finally:
+        if sampler is not None:
+            log.info("%s", sampler.stop())
     settings = _settings(args)
     fresh_runs = []
 
@@ -270,8 +273,10 @@ def memory_needs(args, tasks) -> dict:
     """Each task's estimated device memory (bytes; None: unknown) and the budget per GPU (None: no admission)."""
     budget = int(args.memory_budget_gib * 2**30) if args.memory_budget_gib else None
     # The estimate runs on the CPU's meta device either way; a CUDA child also reports the GPU's total memory.
-    probe_device = "cuda:0" if args.device.startswith("cuda") and budget is None else "cpu"
+    probe_device = ("cuda:0" if args.device.startswith("cuda") and budget is None and not args.estimate_only
+                    else "cpu")
     started = time.monotonic()
+    start_early(timing=False)  # the estimates' children never time anything (kbverify.sandbox.TIMING_PRELOAD)
     cached = _read_footprints(args.footprints)
     missing = [t for t in tasks if t.sha256 not in cached]
     if missing or budget is None:
@@ -295,10 +300,12 @@ def memory_needs(args, tasks) -> dict:
 
 
 def _read_footprints(path: Path | None) -> dict:
-    """Footprints measured before (a pure function of the task's source, keyed by its content hash)."""
+    """Footprints measured in full before (bytes on the meta device: a function of the task's source alone, keyed
+    by its content hash). The others (a forward cut off at its time limit, a child that died) are measured again."""
     if path is None or not path.exists():
         return {}
-    return {sha: Footprint.from_dict(data) for sha, data in json.loads(path.read_text()).items()}
+    footprints = {sha: Footprint.from_dict(data) for sha, data in json.loads(path.read_text()).items()}
+    return {sha: footprint for sha, footprint in footprints.items() if footprint.status == "full"}
 
 
 def memory_check(partial: Path, needs: dict) -> str:

@@ -125,7 +125,7 @@ def main() -> None:
                         help="run KernelBench only from this kernel index on (earlier ones were measured already)")
     args = parser.parse_args()
     if args.table_from:
-        records = [json.loads(line) for path in args.table_from for line in path.read_text().splitlines()]
+        records = [record for path in args.table_from for record in _records(path)]
         print("\n".join(_row(record) for record in records))
         print(_summary(records))
         return
@@ -177,8 +177,7 @@ def main() -> None:
     # A cut run resumes: the kernels already in the output file are reported from it, not run again.
     finished = {}
     if (args.out / "parity.jsonl").exists():
-        for line in (args.out / "parity.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in _records(args.out / "parity.jsonl"):
             finished[record["id"]] = record
     results = []
     for index, kernel in enumerate(kernels):
@@ -201,6 +200,17 @@ def main() -> None:
             handle.write(json.dumps(record) + "\n")
         print(_row(record), flush=True)
     print(_summary(results))
+
+
+def _records(path: Path) -> list[dict]:
+    """The kernels a run finished; a last line cut off mid-write (the run was killed) is not one of them."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def _run_kb(args, env: dict, folder: Path) -> dict:

@@ -16,6 +16,7 @@ import argparse
 import gzip
 import heapq
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -32,12 +33,14 @@ def read_tasks(partial: Path, footprints: Path) -> list[tuple[str, float, float]
     for line in lines:
         footprint = sizes.get(line["sha256"], {})
         tensor = sum(footprint.get(part) or 0 for part in ("input_bytes", "parameter_bytes", "output_bytes"))
-        tasks.append((line["key"], tensor / GIB, float(line["wall_s"])))
+        # an unknown footprint counts as the largest and runs alone, as in audit_kernelbench.py
+        unknown = footprint.get("status", "unknown") == "unknown"
+        tasks.append((line["key"], math.inf if unknown else tensor / GIB, float(line["wall_s"])))
     return tasks
 
 
 def makespan(tasks: list[tuple[str, float, float]], *, factor: float, budget_gib: float, copies: int) -> float:
-    queue = sorted(((key, tensor * factor, wall) for key, tensor, wall in tasks), key=lambda t: -t[1])
+    queue = sorted(((key, tensor * factor, wall) for key, tensor, wall in tasks), key=lambda t: -t[1])  # stable
     running: list[tuple[float, float]] = []  # (end time, need)
     now, held = 0.0, 0.0
     while queue or running:
@@ -47,10 +50,11 @@ def makespan(tasks: list[tuple[str, float, float]], *, factor: float, budget_gib
             if fits is None:
                 break
             _, need, wall = queue.pop(fits)
-            heapq.heappush(running, (now + wall, need))
-            held += need
-        now, need = heapq.heappop(running)
-        held -= need
+            charge = min(need, budget_gib)  # one over the budget (or unknown) holds all of it, as in the ledger
+            heapq.heappush(running, (now + wall, charge))
+            held += charge
+        now, charge = heapq.heappop(running)
+        held -= charge
     return now
 
 

@@ -200,6 +200,11 @@ def test_the_footprint_cache_is_filled_once_and_then_read_instead_of_measuring(t
     assert second.returncode == 0 and "measured 0 of 1" in second.stderr, second.stderr
     assert "factor 2.5" in second.stderr
     assert json.loads(cache.read_text()) != {}  # left as it was: nothing missing, nothing rewritten
+    # an entry that was not measured in full is measured again, not trusted
+    cache.write_text(json.dumps({sha: {**data, "status": "unknown"} for sha, data in json.loads(cache.read_text()).items()}))
+    third = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and "measured 1 of 1" in third.stderr, third.stderr
+    assert [entry["status"] for entry in json.loads(cache.read_text()).values()] == ["full"]
 
 
 def test_the_schedule_replay_serializes_what_does_not_fit_together():
@@ -215,5 +220,7 @@ def test_the_schedule_replay_serializes_what_does_not_fit_together():
     assert simulate.makespan(tasks, factor=6, budget_gib=100, copies=4) == 200.0
     # one copy: everything in a row, whatever the memory
     assert simulate.makespan(tasks, factor=1, budget_gib=100, copies=1) == 300.0
-    # a task over the budget runs alone, never beside another
+    # a task over the budget, or of unknown size, runs alone, never beside another
     assert simulate.makespan([("huge", 50.0, 10.0), ("other", 1.0, 10.0)], factor=4, budget_gib=100, copies=2) == 20.0
+    unknown = [("a", 10.0, 100.0), ("b", 10.0, 100.0), ("c", float("inf"), 100.0)]
+    assert simulate.makespan(unknown, factor=4, budget_gib=100, copies=10) == 200.0

@@ -421,3 +421,12 @@ def test_compare_audits_lists_changed_verdicts_flags_and_errors_and_fails_on_a_v
                           timeout=60)
     assert same.returncode == 0 and same.stdout.splitlines() == ["3 tasks with evidence in both; 0 verdicts changed, "
                                                                   "0 tasks listed"]
+
+
+def test_a_timing_threshold_beyond_what_the_worker_decides_exactly_is_refused():
+    from kbverify.audit import AuditSettings, AuditThresholds, audit_tasks
+    from kbverify.errors import InputError
+
+    with pytest.raises(InputError, match="timing_decided_us"):
+        audit_tasks([], protocols=["original"], thresholds=AuditThresholds(timing_min_us=1500.0),
+                    settings=AuditSettings(timing_decided_us=1000.0), run=False)

@@ -455,7 +455,8 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
 
 
 @pytest.mark.parametrize("forward", ["return torch.tanh(x) * 2 + self.bias",
-                                     "x.data.mul_(3.0)\n        return x * 2 + self.bias"])
+                                     "x.data.mul_(3.0)\n        return x * 2 + self.bias",
+                                     "x.data.mul_(3.0)\n        x.relu_()\n        return x * 2 + self.bias"])
 def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_clones(monkeypatch, forward):
     """The leaves are the drawn inputs themselves; a model that writes to its input behind autograd's back must
     not change what is reported (each input's scale is taken before the model runs)."""
@@ -473,7 +474,8 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
     original = audit_worker._forward_on_leaves
 
     def always_clones(context, meta, leaves, inputs):
-        return original(context, meta, [leaf.clone() if leaf is not None else None for leaf in leaves], inputs)
+        return original(context, meta, leaves, [leaf.clone() if leaf is not None else value
+                                                for leaf, value in zip(leaves, inputs)])
 
     monkeypatch.setattr(audit_worker, "_forward_on_leaves", always_clones)
     on_clones = dead(source)
