@@ -82,12 +82,28 @@ def _global_module_hooks() -> tuple:
 
 
 # Process state the reference's inputs and timing depend on, captured before any submission and compared after.
+# The dispatcher's own table of every aten operator. A kernel registered over one (torch.library, or a native
+# extension's TORCH_LIBRARY_IMPL(aten, ...)) changes what the reference, and every check that runs the reference in
+# the candidate's process, computes, with no Python function changing identity. Read through functions captured
+# here, before any submission loads (this module's globals are in the snapshot by identity).
+_ALL_OPERATOR_NAMES = getattr(torch._C, "_dispatch_get_all_op_names", None)
+_DISPATCH_TABLE = getattr(torch._C, "_dispatch_dump_table", None)
+
+
+def _aten_kernels() -> dict[str, str]:
+    """Each aten operator's registered kernels as the dispatcher lists them (~70 ms for all ~3000 on a CPU)."""
+    if _ALL_OPERATOR_NAMES is None or _DISPATCH_TABLE is None:
+        return {}
+    return {name: _DISPATCH_TABLE(name) for name in _ALL_OPERATOR_NAMES() if name.startswith("aten::")}
+
+
 _PROCESS_STATE = {
     "torch.get_default_dtype": torch.get_default_dtype,  # the task's torch.rand draws follow it
     "torch.get_default_device": lambda: str(torch.get_default_device()) if hasattr(torch, "get_default_device")
     else None,
     "torch.nn.modules.module global hooks": _global_module_hooks,
     "sys.getswitchinterval": sys.getswitchinterval,  # how long a spinning thread may hold the GIL
+    "aten kernels": _aten_kernels,
 }
 
 
@@ -116,6 +132,12 @@ def tampered(snapshot: dict[str, object]) -> list[str]:
         if dotted == "sys.profile":
             if (sys.getprofile(), sys.gettrace()) != original:
                 changed.append(dotted)
+            continue
+        if name == "state:aten kernels":
+            current = _aten_kernels()
+            replaced = sorted(op for op in current.keys() | original.keys() if current.get(op) != original.get(op))
+            if replaced:
+                changed.append("aten kernels replaced: " + ", ".join(replaced[:4]))
             continue
         if name.startswith("state:"):
             if not _same_state(_PROCESS_STATE[name[len("state:"):]](), original):
@@ -344,19 +366,50 @@ def snapshot_torch_namespace() -> dict[str, object]:
                 continue
             if callable(value) or isinstance(value, (classmethod, staticmethod)):
                 snapshot[f"{prefix}.{attr}"] = value
-    for name, cls in (("torch.nn.Conv2d.forward", torch.nn.Conv2d), ("torch.nn.Linear.forward", torch.nn.Linear)):
-        snapshot[name] = inspect.getattr_static(cls, "forward")
+    for class_name, cls in _nn_module_classes():
+        # every method a torch.nn module class defines itself (forward, __getattr__, ...), and which ones: one added
+        # to a class (LayerNorm.__getattr__) changes the reference as much as one replaced
+        members = {attr: value for attr, value in vars(cls).items()
+                   if _is_method_like(value) and attr not in _NN_UNWATCHED}
+        for attr, value in members.items():
+            snapshot[f"torch.nn.{class_name}.{attr}"] = value
+        snapshot[f"torch.nn.{class_name}.<methods>"] = frozenset(members)
     return snapshot
+
+
+# Not watched on torch.nn's module classes: torch.compile's dynamo replaces Module.__init__ and __setstate__ (to
+# tag modules made inside a forward) and the __setattr__ of classes it tracks. A wrapper's origin cannot be told
+# from a submission's (a code object's file name is whatever compile() was given), and these run when a module is
+# built, unpickled or assigned to, not in a timed call of a KernelBench reference.
+_NN_UNWATCHED = frozenset({"__init__", "__setstate__", "__setattr__"})
+
+
+def _nn_module_classes() -> list[tuple[str, type]]:
+    return [(name, cls) for name, cls in sorted(vars(torch.nn).items())
+            if isinstance(cls, type) and issubclass(cls, torch.nn.Module)]
+
+
+def _is_method_like(value) -> bool:
+    return callable(value) or isinstance(value, (classmethod, staticmethod, property))
 
 
 def torch_namespace_changes(snapshot: dict[str, object]) -> list[str]:
     import torch.nn.functional as F
 
-    owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module,
-              "torch.nn.Conv2d": torch.nn.Conv2d, "torch.nn.Linear": torch.nn.Linear}
+    owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module}
+    classes = dict(_nn_module_classes())
     changed = []
     for name, original in snapshot.items():
         prefix, _, attr = name.rpartition(".")
+        if prefix.startswith("torch.nn.") and prefix[len("torch.nn."):] in classes:
+            cls = classes[prefix[len("torch.nn."):]]
+            if attr == "<methods>":
+                added = sorted(a for a, v in vars(cls).items()
+                               if _is_method_like(v) and a not in original and a not in _NN_UNWATCHED)
+                changed += [f"{prefix}.{a} (added)" for a in added]
+            elif vars(cls).get(attr) is not original:
+                changed.append(name)
+            continue
         owner = owners.get(prefix)
         try:
             current = inspect.getattr_static(owner, attr)

@@ -23,6 +23,7 @@ from kbverify.errors import InfrastructureError
 log = logging.getLogger(__name__)
 
 OUTPUT_HEAD_BYTES = 16 * 1024
+PHASE_FILE = "phase"  # in the result folder, beside result.json: never in the child's working directory
 OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only head and tail are kept
 _POLL_S = 0.05
 
@@ -219,7 +220,7 @@ class _Running:
                           if isinstance(entry, list) and len(entry) == 2)
                          if isinstance(kind, str) and _is_number(seconds))
         job_s = float(job_s) if _is_number(job_s) else None
-        phase_file = self.workdir / "phase"
+        phase_file = self.resultdir / PHASE_FILE
         last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = ChildOutcome(result=result, exit_code=self.process.exitcode, timed_out=self.timed_out,
@@ -330,7 +331,7 @@ def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str
 
     code = 0
     try:
-        result = worker.run_job(job, payload, workdir=workdir)
+        result = worker.run_job(job, payload, workdir=workdir, phase_file=os.path.join(resultdir, PHASE_FILE))
     except BaseException as error:  # an infrastructure failure inside our own worker code
         result = {"infrastructure_error": f"{type(error).__name__}: {error}"}
         code = 70

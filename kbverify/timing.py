@@ -566,11 +566,8 @@ def _reference_signature(reference, namespace, device) -> list:
 def _last_phase_is_reference() -> bool:
     from kbverify import worker
 
-    try:
-        with open(os.path.join(worker._WORKDIR, "phase")) as handle:
-            return not handle.read().startswith("candidate")
-    except (OSError, TypeError):
-        return False
+    phase = worker.last_phase()
+    return bool(phase) and not phase.startswith("candidate")
 
 
 def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float) -> None:

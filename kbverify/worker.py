@@ -14,6 +14,10 @@ import torch
 from kbverify import tasks as tasks_module
 
 _WORKDIR: str | None = None
+# Where announce() records the phase for the parent (crash attribution): beside the result, outside the child's
+# working directory, so the submission's cwd does not tell it which job or phase it is in.
+_PHASE_FILE: str | None = None
+_LAST_PHASE = [""]  # a list: its contents change during the job, the tamper snapshot keeps its identity
 _JOB_STARTED = 0.0
 # Seconds this child's job spent in each kind of phase, in order of first appearance: announce() closes the
 # running phase and opens the next (a kind is the phase's first two parts, without an input set: "candidate:run:<set>"
@@ -22,9 +26,11 @@ _PHASE_SECONDS: dict[str, float] = {}
 _RUNNING_PHASE: list = ["worker:start", 0.0]
 
 
-def run_job(job: str, payload: dict, *, workdir: str) -> dict:
-    global _WORKDIR, _JOB_STARTED
+def run_job(job: str, payload: dict, *, workdir: str, phase_file: str | None = None) -> dict:
+    global _WORKDIR, _JOB_STARTED, _PHASE_FILE
     _WORKDIR = workdir
+    _PHASE_FILE = phase_file
+    _LAST_PHASE[0] = ""
     _JOB_STARTED = time.monotonic()
     _PHASE_SECONDS.clear()
     _RUNNING_PHASE[:] = ["worker:start", _JOB_STARTED]
@@ -75,10 +81,15 @@ def announce(phase: str) -> None:
     now = time.monotonic()
     _close_phase(now)
     _RUNNING_PHASE[:] = [":".join(phase.split(":")[:2]).split("/")[0], now]
-    if _WORKDIR is None:
+    _LAST_PHASE[0] = phase
+    if _PHASE_FILE is None:
         return
-    with open(os.path.join(_WORKDIR, "phase"), "w") as handle:
+    with open(_PHASE_FILE, "w") as handle:
         handle.write(phase)
+
+
+def last_phase() -> str:
+    return _LAST_PHASE[0]
 
 
 def _time_accounts() -> dict:

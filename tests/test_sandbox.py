@@ -108,3 +108,15 @@ def test_time_accounts_a_submission_tampers_with_are_dropped_not_a_crash():
                     "['b', 1.5], [3, 2.0]], '_job_s': 'later'}\n")
     assert forged.result["ok"] is True and forged.phases_s == (("b", 1.5),) and forged.job_s is None
     assert "_phases_s" not in forged.result and "_job_s" not in forged.result
+
+
+def test_nothing_in_the_childs_working_directory_says_which_job_or_phase_it_is_in():
+    """A submission that could tell the timing worker from the correctness worker could cheat in one only (a
+    red-team kernel read the phase, once written beside it, and computed in bf16 only while timed)."""
+    outcome = _build("import os\nfound = {}\nfor root, _, files in os.walk('.'):\n    for name in files:\n"
+                     "        with open(os.path.join(root, name), errors='replace') as handle:\n"
+                     "            found[os.path.join(root, name)] = handle.read(200)\n"
+                     "raise RuntimeError(repr(found))\n")
+    listing = outcome.result["error"]
+    assert "phase" not in listing and "candidate" not in listing and "build" not in listing
+    assert outcome.last_phase == "candidate:build"  # the parent still knows where the child was
