@@ -251,9 +251,7 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     protocols = _resolve(protocols)
     judged = _with_identity_variants(protocols, settings.distributions)
     worker_settings = settings.worker_dict()
-    judged_by = {kernel: sorted({p.name for protocol in protocols
-                                 for p in judged_protocols(kernel, protocol, settings.distributions)})
-                 for kernel in settings.null_kernels}
+    judged_by = _judged_by(protocols, settings)
     fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
     done = _read_partial(partial, fingerprint) if (partial is not None and resume) else {}
@@ -350,12 +348,32 @@ def _settings_sha256(worker_settings: dict, protocols: list[Protocol], device: s
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _judged_by(protocols: list[Protocol], settings: AuditSettings) -> dict[str, list[str]]:
+    """Null kernel → the protocols `assess` judges it by (the worker tracks no others)."""
+    return {kernel: sorted({p.name for protocol in protocols
+                            for p in judged_protocols(kernel, protocol, settings.distributions)})
+            for kernel in settings.null_kernels}
+
+
+def _payload(task: Task, worker_settings: dict, protocols: list[Protocol], device: str,
+             judged_by: dict[str, list[str]] | None) -> dict:
+    return {"task_source": task.source, "task_name": task.name, "device": device,
+            "settings": worker_settings, "protocols": [p.to_dict() for p in protocols],
+            "committed_shapes": _committed_shapes(task, worker_settings), "null_kernel_protocols": judged_by}
+
+
+def worker_payload(task: Task, *, protocols: Sequence[Protocol | str], settings: AuditSettings,
+                   device: str) -> dict:
+    """What the audit worker is given for `task`, as `audit_tasks` gives it (for tools that run the worker
+    in their own process)."""
+    protocols = _resolve(protocols)
+    return _payload(task, settings.worker_dict(), _with_identity_variants(protocols, settings.distributions),
+                    device, _judged_by(protocols, settings))
+
+
 def _run_task(task: Task, worker_settings: dict, protocols: list[Protocol], device: str,
               timeout_s: float, judged_by: dict[str, list[str]] | None = None) -> dict:
-    """`judged_by`: null kernel → the protocols `assess` judges it by (the worker tracks no others)."""
-    payload = {"task_source": task.source, "task_name": task.name, "device": device,
-               "settings": worker_settings, "protocols": [p.to_dict() for p in protocols],
-               "committed_shapes": _committed_shapes(task, worker_settings), "null_kernel_protocols": judged_by}
+    payload = _payload(task, worker_settings, protocols, device, judged_by)
     outcome = run_child("audit", payload, timeout_s=timeout_s, device=device)
     line = {"key": task.key, "name": task.name, "level": task.level, "sha256": task.sha256, "path": task.path,
             "wall_s": outcome.wall_s, "raw": None, "error": None}

@@ -23,7 +23,7 @@ _JOB_STARTED = 0.0
 # running phase and opens the next (a kind is the phase's first two parts, without an input set: "candidate:run:<set>"
 # and "judge:<set>" → "candidate:run" and "judge:original").
 _PHASE_SECONDS: dict[str, float] = {}
-_RUNNING_PHASE: list = ["worker:start", 0.0]
+_PHASE_SINCE = [0.0]  # when the last announced phase (or the job, before any) began
 
 
 def run_job(job: str, payload: dict, *, workdir: str, phase_file: str | None = None) -> dict:
@@ -33,7 +33,7 @@ def run_job(job: str, payload: dict, *, workdir: str, phase_file: str | None = N
     _LAST_PHASE[0] = ""
     _JOB_STARTED = time.monotonic()
     _PHASE_SECONDS.clear()
-    _RUNNING_PHASE[:] = ["worker:start", _JOB_STARTED]
+    _PHASE_SINCE[0] = _JOB_STARTED
     torch.set_num_threads(1)
     if str(payload.get("device", "cpu")).startswith("cuda") and job != "probe":
         # Bring CUDA up before any untrusted code runs, so a broken device is our failure, never the kernel's.
@@ -80,7 +80,6 @@ def announce(phase: str) -> None:
     """Record what the child is doing, so a crash is attributed to the right party."""
     now = time.monotonic()
     _close_phase(now)
-    _RUNNING_PHASE[:] = [":".join(phase.split(":")[:2]).split("/")[0], now]
     _LAST_PHASE[0] = phase
     if _PHASE_FILE is None:
         return
@@ -90,6 +89,10 @@ def announce(phase: str) -> None:
 
 def last_phase() -> str:
     return _LAST_PHASE[0]
+
+
+def phase_kind(phase: str) -> str:
+    return ":".join(phase.split(":")[:2]).split("/")[0] if phase else "worker:start"
 
 
 def _time_accounts() -> dict:
@@ -105,9 +108,9 @@ def _time_accounts() -> dict:
 
 
 def _close_phase(now: float) -> None:
-    kind, since = _RUNNING_PHASE
-    _PHASE_SECONDS[kind] = _PHASE_SECONDS.get(kind, 0.0) + (now - since)
-    _RUNNING_PHASE[1] = now
+    kind = phase_kind(_LAST_PHASE[0])
+    _PHASE_SECONDS[kind] = _PHASE_SECONDS.get(kind, 0.0) + (now - _PHASE_SINCE[0])
+    _PHASE_SINCE[0] = now
 
 
 def device_from(payload: dict) -> torch.device:

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from kbverify import audit_worker, correctness, worker  # noqa: E402
-from kbverify.audit import AuditSettings, _resolve, _with_identity_variants, judged_protocols  # noqa: E402
+from kbverify.audit import AuditSettings, worker_payload  # noqa: E402
 from kbverify.evaluate import shape_namespaces  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
 
@@ -58,7 +58,7 @@ class LiveStorages(TorchDispatchMode):
         weakref.finalize(storage, self._freed, key)
         if self.total > self.peak:
             frames = [f"{f.name}:{f.lineno}" for f in traceback.extract_stack(limit=16) if "kbverify" in f.filename]
-            self.peak, self.at_peak = self.total, (worker._RUNNING_PHASE[0], frames[-6:], sorted(
+            self.peak, self.at_peak = self.total, (worker.phase_kind(worker.last_phase()), frames[-6:], sorted(
                 self.live.values(), reverse=True))
 
     def _freed(self, key: int) -> None:
@@ -77,15 +77,8 @@ def main() -> int:
     if args.chunk_elements:
         correctness.CHUNK_ELEMENTS = audit_worker.CHUNK_ELEMENTS = args.chunk_elements
     task = load_task(args.task)
-    settings = AuditSettings(hidden_shapes=args.hidden)
-    protocols = _resolve(["original", "kbv", "verified"])
-    payload = {"task_source": task.source, "task_name": task.name, "device": "cpu",
-               "settings": settings.worker_dict(),
-               "protocols": [p.to_dict() for p in _with_identity_variants(protocols, settings.distributions)],
-               "committed_shapes": None,
-               "null_kernel_protocols": {kernel: sorted({p.name for base in protocols
-                                                         for p in judged_protocols(kernel, base, settings.distributions)})
-                                         for kernel in settings.null_kernels}}
+    payload = worker_payload(task, protocols=["original", "kbv", "verified"],
+                             settings=AuditSettings(hidden_shapes=args.hidden), device="cpu")
     unit = args.unit_bytes
     if unit is None:
         namespace = shape_namespaces(task, [{"shape": "original", "overrides": {}}])["original"]

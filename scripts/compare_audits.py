@@ -18,7 +18,7 @@ from pathlib import Path
 def compare(old: dict, new: dict) -> tuple[list[str], bool]:
     before = {task["key"]: task for task in old["tasks"]}
     after = {task["key"]: task for task in new["tasks"]}
-    lines, verdict_changed = [], False
+    lines, verdicts_changed = [], 0
     for key in sorted(before.keys() | after.keys()):
         a, b = before.get(key), after.get(key)
         if a is None or b is None:
@@ -32,15 +32,15 @@ def compare(old: dict, new: dict) -> tuple[list[str], bool]:
         verdict = (a["degenerate"], a["degenerate_under"]) != (b["degenerate"], b["degenerate_under"])
         gained, lost = sorted(set(b["flags"]) - set(a["flags"])), sorted(set(a["flags"]) - set(b["flags"]))
         if verdict or gained or lost:
-            verdict_changed |= verdict
+            verdicts_changed += verdict
             lines.append(f"{key}: " + "; ".join(
                 part for part in (f"degenerate {a['degenerate_under']} -> {b['degenerate_under']}" if verdict else "",
                                   f"+{', +'.join(gained)}" if gained else "", f"-{', -'.join(lost)}" if lost else "")
                 if part))
     both = [k for k in before.keys() & after.keys() if not before[k].get("error") and not after[k].get("error")]
-    lines.append(f"{len(both)} tasks with evidence in both; {sum(1 for line in lines if ': degenerate' in line)} "
-                 f"verdicts changed, {len(lines)} tasks listed")
-    return lines, verdict_changed
+    lines.append(f"{len(both)} tasks with evidence in both; {verdicts_changed} verdicts changed, "
+                 f"{len(lines)} tasks listed")
+    return lines, verdicts_changed > 0
 
 
 def main() -> int:
