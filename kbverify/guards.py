@@ -81,7 +81,6 @@ def _global_module_hooks() -> tuple:
                  if name.startswith("_global_") and name.endswith("hooks") and isinstance(getattr(module, name), dict))
 
 
-# Process state the reference's inputs and timing depend on, captured before any submission and compared after.
 # The dispatcher's own table of every aten operator. A kernel registered over one (torch.library, or a native
 # extension's TORCH_LIBRARY_IMPL(aten, ...)) changes what the reference, and every check that runs the reference in
 # the candidate's process, computes, with no Python function changing identity. Read through functions captured
@@ -97,6 +96,7 @@ def _aten_kernels() -> dict[str, str]:
     return {name: _DISPATCH_TABLE(name) for name in _ALL_OPERATOR_NAMES() if name.startswith("aten::")}
 
 
+# Process state the reference's inputs and timing depend on, captured before any submission and compared after.
 _PROCESS_STATE = {
     "torch.get_default_dtype": torch.get_default_dtype,  # the task's torch.rand draws follow it
     "torch.get_default_device": lambda: str(torch.get_default_device()) if hasattr(torch, "get_default_device")
@@ -355,8 +355,7 @@ def snapshot_torch_namespace() -> dict[str, object]:
     import torch.nn.functional as F
 
     snapshot = {}
-    for prefix, owner in (("torch", torch), ("F", F), ("torch.Tensor", torch.Tensor),
-                          ("torch.nn.Module", torch.nn.Module)):
+    for prefix, owner in (("torch", torch), ("F", F), ("torch.Tensor", torch.Tensor)):
         for attr in dir(owner):
             if attr.startswith("__") and prefix != "torch.Tensor":
                 continue
@@ -396,7 +395,7 @@ def _is_method_like(value) -> bool:
 def torch_namespace_changes(snapshot: dict[str, object]) -> list[str]:
     import torch.nn.functional as F
 
-    owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module}
+    owners = {"torch": torch, "F": F, "torch.Tensor": torch.Tensor}
     classes = dict(_nn_module_classes())
     changed = []
     for name, original in snapshot.items():

@@ -331,7 +331,7 @@ def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str
 
     code = 0
     try:
-        result = worker.run_job(job, payload, workdir=workdir, phase_file=os.path.join(resultdir, PHASE_FILE))
+        result = worker.run_job(job, payload, phase_file=os.path.join(resultdir, PHASE_FILE))
     except BaseException as error:  # an infrastructure failure inside our own worker code
         result = {"infrastructure_error": f"{type(error).__name__}: {error}"}
         code = 70

@@ -13,7 +13,6 @@ import torch
 
 from kbverify import tasks as tasks_module
 
-_WORKDIR: str | None = None
 # Where announce() records the phase for the parent (crash attribution): beside the result, outside the child's
 # working directory, so the submission's cwd does not tell it which job or phase it is in.
 _PHASE_FILE: str | None = None
@@ -26,9 +25,8 @@ _PHASE_SECONDS: dict[str, float] = {}
 _PHASE_SINCE = [0.0]  # when the last announced phase (or the job, before any) began
 
 
-def run_job(job: str, payload: dict, *, workdir: str, phase_file: str | None = None) -> dict:
-    global _WORKDIR, _JOB_STARTED, _PHASE_FILE
-    _WORKDIR = workdir
+def run_job(job: str, payload: dict, *, phase_file: str | None = None) -> dict:
+    global _JOB_STARTED, _PHASE_FILE
     _PHASE_FILE = phase_file
     _LAST_PHASE[0] = ""
     _JOB_STARTED = time.monotonic()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import traceback
 import weakref
 from pathlib import Path
@@ -86,7 +85,7 @@ def main() -> int:
         unit = first.numel() * first.element_size()
     torch.set_num_threads(1)
     with LiveStorages(unit // 8) as mode:
-        worker.run_job("audit", payload, workdir=tempfile.mkdtemp(prefix="kbv-profile-"))
+        worker.run_job("audit", payload)
     phase, frames, live = mode.at_peak
     print(f"peak {mode.peak / unit:.2f} units of {unit} bytes, in {phase}")
     print("  at " + " < ".join(reversed(frames)))
