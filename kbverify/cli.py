@@ -231,11 +231,7 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
 
 
 def main() -> None:
-    # `check` starts it itself once it knows its protocols (see sandbox.TIMING_PRELOAD)
-    if len(sys.argv) > 1 and sys.argv[1] in ("rescore", "audit", "demo"):
-        from kbverify.sandbox import start_early
-
-        start_early(timing=sys.argv[1] != "audit")
+    """The command line proper; `kbverify.__main__` starts the worker server before importing this."""
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)

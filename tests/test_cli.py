@@ -333,3 +333,18 @@ def test_check_preloads_the_timing_workers_scipy_only_when_timing_rounds_will_ru
     result = CliRunner().invoke(cli.app, ["check", str(RELU), "--task", str(RELU), "--protocol", protocol])
     assert asked == [timing] and "stop here" in str(result.exception)
     assert ("scipy.stats" in sandbox.preload(timing=timing)) is timing
+
+
+def test_the_entry_point_starts_the_server_with_what_the_command_will_need():
+    from kbverify.__main__ import _server_timing
+
+    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol", "original"]) is False
+    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol=original,verified"]) is True
+    assert _server_timing(["check", "s.py", "--task", "t.py"]) is True  # verified, check's default, times interleaved
+    assert _server_timing(["audit", "tasks/"]) is False
+    assert _server_timing(["rescore", "run.jsonl"]) is True
+    # nothing to start for help, unknown commands, or a protocol the command line will reject itself
+    assert _server_timing(["check", "--help"]) is None
+    assert _server_timing(["score", "x.jsonl"]) is None
+    assert _server_timing(["check", "s.py", "--protocol", "no-such-protocol"]) is None
+    assert _server_timing([]) is None

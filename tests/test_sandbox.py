@@ -120,3 +120,30 @@ def test_nothing_in_the_childs_working_directory_says_which_job_or_phase_it_is_i
     listing = outcome.result["error"]
     assert "phase" not in listing and "candidate" not in listing and "build" not in listing
     assert outcome.last_phase == "candidate:build"  # the parent still knows where the child was
+
+
+_WATCH_PROBE = """
+import sys
+from kbverify.worker import ExtensionWatch
+assert "torch.utils.cpp_extension" not in sys.modules, "imported before the submission asked"
+watch = ExtensionWatch().install()
+assert "torch.utils.cpp_extension" not in sys.modules, "install() imported it"
+from torch.utils import cpp_extension
+import importlib.machinery
+assert cpp_extension.load_inline.__wrapped__ is not None and cpp_extension.load.__wrapped__ is not None
+assert isinstance(cpp_extension.__loader__, importlib.machinery.SourceFileLoader), cpp_extension.__loader__
+second = ExtensionWatch().install()  # already imported: wraps at once, around the first watch's wrapper
+assert cpp_extension.load_inline.__wrapped__.__wrapped__ is not None
+print("ok")
+"""
+
+
+def test_the_extension_watch_waits_for_the_submission_to_import_cpp_extension():
+    """Importing cpp_extension costs ~0.1-0.3 s per worker; a worker whose submission builds nothing must not pay
+    it, and one whose submission does must still have its loaders watched."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WATCH_PROBE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
