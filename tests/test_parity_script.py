@@ -33,6 +33,19 @@ def test_the_report_mode_merges_runs_and_counts_agreement_spread_and_cost(tmp_pa
     assert "compiled/correct verdicts agree: 1/2" in run.stdout
     assert "within the larger of the two tools' own run-to-run spread: 1/2" in run.stdout
     assert "wall per kernel kbverify/KernelBench: median 1.00" in run.stdout  # 1.5 and 0.5
+    assert "baseline timed live" not in run.stdout  # these runs did not record KernelBench's baseline seconds
+
+
+def test_the_cost_with_kernelbench_baseline_timed_live_too_is_shown_beside_the_defined_one(tmp_path):
+    record = _record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0)
+    record["kb_runs"] = [{"process_s": 4.0, "baseline_s": 1.0}, {"process_s": 4.2, "baseline_s": 1.0}]
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
+                          str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "wall per kernel kbverify/KernelBench: median 1.50" in run.stdout  # the issue's definition, unchanged
+    assert "baseline timed live too, as kbverify's is: median 1.18" in run.stdout  # 6.0 / median(5.0, 5.2)
 
 
 def test_running_needs_the_kernelbench_copy_and_says_so():
