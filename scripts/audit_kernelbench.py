@@ -40,7 +40,7 @@ from kbverify.admission import MemoryLedger  # noqa: E402
 from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_partials,  # noqa: E402
                             settings_fingerprint)
 from kbverify.footprint import (AUDIT_MEMORY_FACTOR, Footprint, audit_need_bytes,  # noqa: E402
-                                estimate_footprints)
+                                estimate_footprints, recorded_peaks)
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.sandbox import start_early  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
@@ -54,6 +54,7 @@ MEMORY_BUDGET_FRACTION = 0.85
 # 16 cores; 250 tasks at ~26 s of worker time each (session 5) need ten or more copies busy to finish in ten
 # minutes, and ten still leave cores for the launchers and forkservers.
 DEFAULT_PER_GPU = 10
+PEAKS_FORMAT = "kbverify-audit-peaks/1"
 NEEDS_FILE = "needs.json"  # in the claims folder: each task's estimated need and the budget, for every copy
 
 # (level, problem id). Lists made on KernelBench v0 (robust-kbench, METR) may name problems that v0.1 changed.
@@ -96,6 +97,9 @@ def main() -> int:
     parser.add_argument("--footprints", type=Path, default=None,
                         help="a JSON cache of the tasks' footprints by content hash: read, and completed with the "
                              "ones it lacks (measure it on a CPU beforehand to save the GPU machine that time)")
+    parser.add_argument("--peaks", type=Path, default=None,
+                        help="a JSON file of the tasks' recorded peak memory by content hash: used for admission "
+                             "where known (kbverify.footprint.PEAK_MARGIN), and updated with this run's peaks")
     parser.add_argument("--estimate-only", action="store_true",
                         help="fill the --footprints cache and print the memory estimates' summary; audit nothing")
     parser.add_argument("--retry-per-gpu", type=int, default=2,
@@ -174,6 +178,8 @@ def main() -> int:
     print(compare_with_published(report))
     if needs is not None:
         print(memory_check(Path(f"{args.out_prefix}.partial.jsonl"), needs["needs"]))
+        if args.peaks is not None:
+            print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl")))
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -288,15 +294,46 @@ def memory_needs(args, tasks) -> dict:
         if args.footprints and missing:
             args.footprints.write_text(json.dumps({sha: dataclasses.asdict(fp) for sha, fp in sorted(cached.items())},
                                                   indent=0))
-    needs = {t.key: audit_need_bytes(cached[t.sha256], args.memory_factor) if t.sha256 in cached else None
+    peaks = read_peaks(args.peaks)
+    needs = {t.key: audit_need_bytes(cached.get(t.sha256), args.memory_factor,
+                                     recorded_peak_bytes=peaks["peaks_reserved_bytes"].get(t.sha256))
              for t in tasks}
     unknown = sorted(key for key, need in needs.items() if need is None)
-    log.info("estimated %d tasks' memory in %.1f s (measured %d of %d, the rest from the cache; factor %g): "
-             "budget %s, %d over it, %d unknown%s", len(needs), time.monotonic() - started, len(missing), len(tasks),
-             args.memory_factor, f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
+    recorded = sum(1 for t in tasks if t.sha256 in peaks["peaks_reserved_bytes"])
+    log.info("estimated %d tasks' memory in %.1f s (measured %d of %d, the rest from the cache; factor %g; "
+             "%d from peaks recorded on %s): budget %s, %d over it, %d unknown%s", len(needs),
+             time.monotonic() - started, len(missing), len(tasks), args.memory_factor, recorded,
+             peaks.get("gpu") or "no GPU", f"{budget / 2**30:.1f} GiB" if budget else "none (no admission)",
              sum(1 for need in needs.values() if budget and need is not None and need > budget), len(unknown),
              f" ({', '.join(unknown[:5])})" if unknown else "")
     return {"budget_bytes": budget, "needs": needs}
+
+
+def read_peaks(path: Path | None) -> dict:
+    if path is None or not path.exists():
+        return {"peaks_reserved_bytes": {}}
+    data = json.loads(path.read_text())
+    if data.get("format") != PEAKS_FORMAT:
+        raise SystemExit(f"{path}: not a {PEAKS_FORMAT} file")
+    return data
+
+
+def update_peaks(path: Path, partial: Path) -> str:
+    """The file keeps each task's latest recorded peak (the newest code's); a run on another kind of GPU starts
+    the file over, since its allocator and libraries reserve differently."""
+    records = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()] if partial.exists() else []
+    records = [r for r in records if not r.get("error") and (r.get("raw") or {}).get("gpu")]
+    if not records:
+        return f"peaks: no GPU records in {partial}; {path} left as it was"
+    gpu = records[-1]["raw"]["gpu"]
+    old = read_peaks(path)
+    kept = old["peaks_reserved_bytes"] if old.get("gpu") == gpu else {}
+    new = recorded_peaks(r for r in records if r["raw"]["gpu"] == gpu)
+    merged = {**kept, **new}
+    path.write_text(json.dumps({"format": PEAKS_FORMAT, "gpu": gpu, "torch": records[-1]["raw"].get("torch"),
+                                "note": "the allocator's reserve at each task's audit peak, by task content hash",
+                                "peaks_reserved_bytes": dict(sorted(merged.items()))}, indent=0) + "\n")
+    return f"peaks: {len(new)} recorded on {gpu} written to {path} ({len(merged)} tasks in all)"
 
 
 def _read_footprints(path: Path | None) -> dict:

@@ -14,6 +14,7 @@ import pytest
 from kbverify.admission import MemoryLedger
 from kbverify.footprint import (
     AUDIT_MEMORY_FACTOR,
+    Footprint,
     audit_need_bytes,
     estimate_footprints,
 )
@@ -224,3 +225,47 @@ def test_the_schedule_replay_serializes_what_does_not_fit_together():
     assert simulate.makespan([("huge", 50.0, 10.0), ("other", 1.0, 10.0)], factor=4, budget_gib=100, copies=2) == 20.0
     unknown = [("a", 10.0, 100.0), ("b", 10.0, 100.0), ("c", float("inf"), 100.0)]
     assert simulate.makespan(unknown, factor=4, budget_gib=100, copies=10) == 200.0
+
+
+def test_a_recorded_peak_replaces_the_estimate_and_the_latest_record_of_a_task_wins():
+    from kbverify.footprint import PEAK_MARGIN, recorded_peaks
+
+    fp = Footprint(status="full", input_bytes=1 << 30, parameter_bytes=0, output_bytes=1 << 30)
+    assert audit_need_bytes(fp, 4.0) == 8 << 30
+    # a small convolution whose workspace took 13x its tensors: the record, not the average factor, decides
+    assert audit_need_bytes(fp, 4.0, recorded_peak_bytes=26 << 30) == int((26 << 30) * PEAK_MARGIN)
+    assert audit_need_bytes(fp, 4.0, recorded_peak_bytes=5 << 30) == int((5 << 30) * PEAK_MARGIN)
+    assert audit_need_bytes(None, 4.0, recorded_peak_bytes=1 << 30) == int((1 << 30) * PEAK_MARGIN)
+    assert audit_need_bytes(None, 4.0) is None
+    records = [{"sha256": "a", "raw": {"peak_memory_bytes": {"reserved": 10}}},
+               {"sha256": "b", "raw": None, "error": "out of memory"},
+               {"sha256": "a", "raw": {"peak_memory_bytes": {"reserved": 7}}},
+               {"sha256": "c", "raw": {"peak_memory_bytes": {"reserved": 0}}}]
+    assert recorded_peaks(records) == {"a": 7}
+
+
+def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    peaks = tmp_path / "peaks.json"
+    assert script.read_peaks(peaks) == {"peaks_reserved_bytes": {}}  # none yet: the estimates decide
+    partial = tmp_path / "run.partial.jsonl"
+
+    def run(gpu: str, rows: dict) -> str:
+        partial.write_text("".join(json.dumps({"sha256": sha, "raw": {"gpu": gpu, "torch": "2.x",
+                                                                      "peak_memory_bytes": {"reserved": b}}}) + "\n"
+                                   for sha, b in rows.items()))
+        return script.update_peaks(peaks, partial)
+
+    assert "2 recorded on H200" in run("H200", {"a": 5, "b": 6})
+    run("H200", {"b": 9})  # a later run of one task: its newer peak replaces the old, the other is kept
+    data = script.read_peaks(peaks)
+    assert data["gpu"] == "H200" and data["peaks_reserved_bytes"] == {"a": 5, "b": 9}
+    run("A100", {"c": 3})  # another kind of GPU reserves differently: the file starts over
+    assert script.read_peaks(peaks)["peaks_reserved_bytes"] == {"c": 3}
+    peaks.write_text(json.dumps({"something": "else"}))
+    with pytest.raises(SystemExit):
+        script.read_peaks(peaks)
