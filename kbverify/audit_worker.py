@@ -273,7 +273,11 @@ def _replay_family(marks: _Marks, record: dict, nulls: "_NullKernels", device) -
     for entry in sets:
         meta = {key: entry[key] for key in ("shape", "distribution", "seed", "seed_index")}
         meta.update(set_id=ids[entry["set_id"]], weights="rerandomized")
-        record["sets"].append({**copy.deepcopy(entry), **meta})
+        replayed = {**copy.deepcopy(entry), **meta}
+        for stats in replayed["outputs"]:  # what _reference_set keeps on a set of these weights
+            for name in _FRACTION_STATS:
+                stats.pop(name, None)
+        record["sets"].append(replayed)
         if not entry["valid"]:
             continue
         # _reference_set computes this baseline on every valid first-seed set of the task's own shape
@@ -320,7 +324,11 @@ class _FamilyContext:
 def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> tuple[list | None, list]:
     """Run the reference on one set, record its statistics; the output (None when it is not finite) and them."""
     output = context.call(context.model, context.inputs(meta), meta)
-    stats = [_tensor_stats(t) for t in output]
+    # The near-zero and near-mean fractions feed one rule (audit._mostly), which reads the sets of the task's own
+    # shape, default weights and x1 inputs only; on every other set they were two thirds of the statistics'
+    # passes over the output, the largest share of the hidden shapes' device work.
+    fractions = meta["shape"] == "original" and meta["weights"] == "default" and meta["distribution"] == "x1"
+    stats = [_tensor_stats(t, fractions=fractions) for t in output]
     entry = {**meta, "valid": True, "outputs": stats}
     bad = sum(s.get("nonfinite", 0) for s in stats)
     if bad:
@@ -817,9 +825,12 @@ def _diff_norms(a: list, b: list) -> tuple[float, float, float]:
     return math.sqrt(diff_sq), math.sqrt(ref_sq), _max_abs_diff(a, b, frozenset(identical))
 
 
-def _tensor_stats(t) -> dict:
-    """What the thresholds need from one output tensor: magnitude, near-zero and near-mean fractions,
-    the largest range along each axis."""
+_FRACTION_STATS = ("mean", "frac_near_zero", "frac_near_mean")
+
+
+def _tensor_stats(t, *, fractions: bool = True) -> dict:
+    """What the thresholds need from one output tensor: magnitude, the largest range along each axis, and with
+    `fractions` the mean and the near-zero and near-mean fractions."""
     if not isinstance(t, torch.Tensor):
         return {"type": type(t).__name__}
     stats = {"shape": list(t.shape), "dtype": str(t.dtype), "numel": t.numel()}
@@ -832,13 +843,17 @@ def _tensor_stats(t) -> dict:
     for chunk in chunks:
         magnitude = chunk.abs()
         largest.append(float(magnitude.max()))  # NaN where the chunk has one: max propagates NaN
-        for atol in NEAR_ATOLS:
+        for atol in NEAR_ATOLS if fractions else ():
             near_zero[atol] += int(torch.count_nonzero(magnitude <= atol))
         del magnitude
     if not all(math.isfinite(value) for value in largest):
         stats["nonfinite"] = sum(int(torch.count_nonzero(~torch.isfinite(chunk))) for chunk in chunks)
         return stats
     stats["nonfinite"] = 0  # the largest magnitude is finite, so every element is
+    stats["max_abs"] = max(largest)
+    if not fractions:
+        stats["axis_range"] = [_largest_range(x, d) if size > 1 else None for d, size in enumerate(t.shape)]
+        return stats
     mean = float(x.mean(dtype=torch.float64)) if x.numel() <= CHUNK_ELEMENTS else _mean(x)
     near_mean = {a: 0 for a in NEAR_ATOLS}
     for chunk in chunks:
@@ -846,7 +861,6 @@ def _tensor_stats(t) -> dict:
         for atol in NEAR_ATOLS:
             near_mean[atol] += int(torch.count_nonzero(deviation <= atol))
         del deviation
-    stats["max_abs"] = max(largest)
     stats["mean"] = mean
     stats["frac_near_zero"] = {repr(a): near_zero[a] / t.numel() for a in NEAR_ATOLS}
     stats["frac_near_mean"] = {repr(a): near_mean[a] / t.numel() for a in NEAR_ATOLS}

@@ -481,3 +481,21 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
     on_clones = dead(source)
     assert on_leaves["inputs"][0]["sensitivity"] is not None
     assert json.dumps(on_leaves, sort_keys=True) == json.dumps(on_clones, sort_keys=True)
+
+
+def test_the_fractions_are_taken_only_on_the_sets_the_mostly_rules_read(tasks):
+    """audit._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
+    elsewhere the worker skips those passes, replayed families included, and every other statistic stays."""
+    protocols = _resolve(PROTOCOLS)
+    for name in ("9_Softmax", "10_Linear"):  # a replayed re-randomised family and a run one
+        raw = _audit(tasks[name], protocols)["raw"]
+        read = [s for s in raw["sets"] if (s["shape"], s["weights"], s["distribution"]) == ("original", "default", "x1")]
+        others = [s for s in raw["sets"] if s not in read]
+        assert read and others and any(s["weights"] == "rerandomized" for s in others)
+        for entry in read:
+            assert all({"mean", "frac_near_zero", "frac_near_mean", "max_abs", "axis_range"} <= set(o)
+                       for o in entry["outputs"])
+        for entry in others:
+            for stats in (o for o in entry["outputs"] if entry["valid"]):
+                assert {"max_abs", "axis_range", "nonfinite"} <= set(stats)
+                assert not {"mean", "frac_near_zero", "frac_near_mean"} & set(stats), entry["set_id"]
