@@ -28,6 +28,8 @@ def tf32_state() -> dict:
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "float32_matmul_precision": _read(torch.get_float32_matmul_precision),
+        # oneDNN: off, a CPU reference's convolutions and matmuls fall back to slower kernels
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
     }
 
 
@@ -37,3 +39,4 @@ def assert_baseline_flags(flags: dict) -> None:
     torch.backends.cudnn.enabled = flags.get("cudnn_enabled", True)
     torch.backends.cudnn.benchmark = flags.get("cudnn_benchmark", False)
     torch.backends.cudnn.deterministic = flags.get("cudnn_deterministic", False)
+    torch.backends.mkldnn.enabled = flags.get("mkldnn_enabled", True)

@@ -44,7 +44,7 @@ MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades pre
 HOST_TIMED_FRACTION = 0.1
 HOST_JITTER_MS = 0.05
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
-                  "float32_matmul_precision": "highest"}
+                  "float32_matmul_precision": "highest", "mkldnn_enabled": False}
 
 
 @dataclass(frozen=True)
