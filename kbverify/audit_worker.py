@@ -274,7 +274,7 @@ def _replay_family(marks: _Marks, record: dict, nulls: "_NullKernels", device) -
         meta = {key: entry[key] for key in ("shape", "distribution", "seed", "seed_index")}
         meta.update(set_id=ids[entry["set_id"]], weights="rerandomized")
         replayed = {**copy.deepcopy(entry), **meta}
-        for stats in replayed["outputs"]:  # what _reference_set keeps on a set of these weights
+        for stats in replayed.get("outputs", []):  # what _reference_set keeps on a set of these weights
             for name in _FRACTION_STATS:
                 stats.pop(name, None)
         record["sets"].append(replayed)

@@ -78,10 +78,7 @@ def build_env(submission: Submission, options: CheckOptions) -> dict:
     """Builds are keyed by the submission's content hash: same-named extensions of two submissions never meet."""
     root = (options.build_cache or default_build_cache()) / submission.sha256[:20]
     root.mkdir(parents=True, exist_ok=True)
-    # CUDA's own JIT cache (PTX compiled for this GPU) would otherwise live under the child's HOME, which is new
-    # for every worker: keyed like the builds, it survives between a submission's runs and is nobody else's.
     env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
-           "CUDA_CACHE_PATH": str(root / "cuda_jit"),
            "MAX_JOBS": os.environ.get("MAX_JOBS", str(max(1, os.cpu_count() or 1)))}
     if not options.device.startswith("cuda"):
         env["TRITON_INTERPRET"] = "1"

@@ -5,9 +5,7 @@ Everything here runs inside a sandboxed child (kbverify.sandbox); the parent nev
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
-import importlib.machinery
 import os
 import sys
 import time
@@ -199,25 +197,40 @@ def _failure_record(args, kwargs):
 _CPP_EXTENSION = "torch.utils.cpp_extension"
 
 
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs `then(module)` once the named module has been executed by its own loader, on its first import."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` whenever the named module has been executed by its own loader: on its first import,
+    or on the next attempt if that one failed. A look-up that imports nothing (importlib.util.find_spec) changes
+    nothing. One per process, left in sys.meta_path (it answers None for every other name)."""
 
     def __init__(self, name: str, then) -> None:
         self._name = name
         self._then = then
-        self._loader = None
+        self._searching = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self._name or self._loader is not None:
+        if fullname != self._name or self._searching:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        self._searching = True  # the other finders are asked below; this one must not answer itself
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._searching = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        self._loader = spec.loader
-        spec.loader = self
+        spec.loader = _ThenLoader(spec.loader, self._then)
         return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, loader, then) -> None:
+        self._loader = loader
+        self._then = then
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -226,8 +239,19 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
+        self._loader.exec_module(module)  # a failure propagates and leaves the watches waiting
         self._then(module)
+
+
+_WAITING_WATCHES: list = []
+
+
+def _wrap_for_waiting_watches(module) -> None:
+    while _WAITING_WATCHES:
+        _WAITING_WATCHES.pop(0)._wrap_loaders(module)
+
+
+_CPP_EXTENSION_IMPORT = _AfterImport(_CPP_EXTENSION, _wrap_for_waiting_watches)
 
 
 class ExtensionWatch:
@@ -248,8 +272,10 @@ class ExtensionWatch:
         module = sys.modules.get(_CPP_EXTENSION)
         if module is not None:
             self._wrap_loaders(module)
-        else:
-            sys.meta_path.insert(0, _AfterImport(_CPP_EXTENSION, self._wrap_loaders))
+            return self
+        _WAITING_WATCHES.append(self)  # several wait in install order and nest as if installed one by one
+        if _CPP_EXTENSION_IMPORT not in sys.meta_path:
+            sys.meta_path.insert(0, _CPP_EXTENSION_IMPORT)
         return self
 
     def _wrap_loaders(self, cpp_extension) -> None:

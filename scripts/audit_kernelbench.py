@@ -115,6 +115,9 @@ def main() -> int:
         args.per_gpu = DEFAULT_PER_GPU if args.device.startswith("cuda") else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
+    if args.peaks is not None and not args.peaks.parent.is_dir():
+        print(f"--peaks {args.peaks}: no folder {args.peaks.parent}", file=sys.stderr)
+        return 2
     levels = {int(level) for level in args.levels.split(",")}
     tasks = [t for level in sorted(levels) if (args.tasks / f"level{level}").is_dir()
              for t in load_task_dir(args.tasks / f"level{level}")]
@@ -139,6 +142,9 @@ def main() -> int:
     needs = None
     if sharded and not args.report_only:
         needs = memory_needs(args, tasks)
+    elif args.peaks is not None and not args.report_only:
+        log.warning("--peaks serves the copies' memory admission; one copy runs without it and leaves %s as it was",
+                    args.peaks)
     sampler = GpuSampler.start(Path(f"{args.out_prefix}.gpu_samples.csv")) if (
         needs is not None and args.device.startswith("cuda")) else None
     try:
@@ -179,7 +185,9 @@ def main() -> int:
     if needs is not None:
         print(memory_check(Path(f"{args.out_prefix}.partial.jsonl"), needs["needs"]))
         if args.peaks is not None:
-            print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl")))
+            print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl"),
+                               settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
+                                                    settings=settings)))
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -294,7 +302,10 @@ def memory_needs(args, tasks) -> dict:
         if args.footprints and missing:
             args.footprints.write_text(json.dumps({sha: dataclasses.asdict(fp) for sha, fp in sorted(cached.items())},
                                                   indent=0))
-    peaks = read_peaks(args.peaks)
+    fingerprint = settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
+                                       settings=_settings(args))
+    peaks = read_peaks(args.peaks, fingerprint=fingerprint,
+                       gpu=gpu_name() if args.peaks and args.device.startswith("cuda") else None)
     needs = {t.key: audit_need_bytes(cached.get(t.sha256), args.memory_factor,
                                      recorded_peak_bytes=peaks["peaks_reserved_bytes"].get(t.sha256))
              for t in tasks}
@@ -309,31 +320,59 @@ def memory_needs(args, tasks) -> dict:
     return {"budget_bytes": budget, "needs": needs}
 
 
-def read_peaks(path: Path | None) -> dict:
+def read_peaks(path: Path | None, *, fingerprint: str | None = None, gpu: str | None = None) -> dict:
+    """The peaks file, or an empty one where it is missing, or was recorded under other audit settings (hidden
+    shapes and seeds change what a task's audit holds) or on another kind of GPU (`gpu`, when known)."""
+    empty = {"peaks_reserved_bytes": {}}
     if path is None or not path.exists():
-        return {"peaks_reserved_bytes": {}}
-    data = json.loads(path.read_text())
-    if data.get("format") != PEAKS_FORMAT:
+        return empty
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{path}: not a readable {PEAKS_FORMAT} file ({error})") from None
+    if (not isinstance(data, dict) or data.get("format") != PEAKS_FORMAT
+            or not isinstance(data.get("peaks_reserved_bytes"), dict)):
         raise SystemExit(f"{path}: not a {PEAKS_FORMAT} file")
+    if fingerprint is not None and data.get("settings_sha256") != fingerprint:
+        log.warning("%s: recorded under other audit settings; its peaks are not used", path)
+        return empty
+    if gpu is not None and data.get("gpu") != gpu:
+        log.warning("%s: recorded on %s, this is %s; its peaks are not used", path, data.get("gpu"), gpu)
+        return empty
     return data
 
 
-def update_peaks(path: Path, partial: Path) -> str:
-    """The file keeps each task's latest recorded peak (the newest code's); a run on another kind of GPU starts
-    the file over, since its allocator and libraries reserve differently."""
+def update_peaks(path: Path, partial: Path, fingerprint: str) -> str:
+    """The file keeps each task's latest recorded peak (the newest code's) under these settings; records of other
+    settings are left out, and a run under other settings or on another kind of GPU starts the file over."""
     records = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()] if partial.exists() else []
-    records = [r for r in records if not r.get("error") and (r.get("raw") or {}).get("gpu")]
+    records = [r for r in records if not r.get("error") and (r.get("raw") or {}).get("gpu")
+               and r.get("settings_sha256") == fingerprint]
     if not records:
-        return f"peaks: no GPU records in {partial}; {path} left as it was"
+        return f"peaks: no GPU records of these settings in {partial}; {path} left as it was"
     gpu = records[-1]["raw"]["gpu"]
-    old = read_peaks(path)
-    kept = old["peaks_reserved_bytes"] if old.get("gpu") == gpu else {}
+    kept = read_peaks(path, fingerprint=fingerprint, gpu=gpu)["peaks_reserved_bytes"]
     new = recorded_peaks(r for r in records if r["raw"]["gpu"] == gpu)
     merged = {**kept, **new}
-    path.write_text(json.dumps({"format": PEAKS_FORMAT, "gpu": gpu, "torch": records[-1]["raw"].get("torch"),
-                                "note": "the allocator's reserve at each task's audit peak, by task content hash",
-                                "peaks_reserved_bytes": dict(sorted(merged.items()))}, indent=0) + "\n")
+    text = json.dumps({"format": PEAKS_FORMAT, "gpu": gpu, "torch": records[-1]["raw"].get("torch"),
+                       "settings_sha256": fingerprint,
+                       "note": "the allocator's reserve at each task's audit peak, by task content hash",
+                       "peaks_reserved_bytes": dict(sorted(merged.items()))}, indent=0) + "\n"
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
     return f"peaks: {len(new)} recorded on {gpu} written to {path} ({len(merged)} tasks in all)"
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name as nvidia-smi gives it (the name torch reports), or None when it cannot say."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    name = done.stdout.strip().splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else ""
+    return name or None
 
 
 def _read_footprints(path: Path | None) -> dict:

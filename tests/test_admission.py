@@ -254,18 +254,41 @@ def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path)
     assert script.read_peaks(peaks) == {"peaks_reserved_bytes": {}}  # none yet: the estimates decide
     partial = tmp_path / "run.partial.jsonl"
 
-    def run(gpu: str, rows: dict) -> str:
-        partial.write_text("".join(json.dumps({"sha256": sha, "raw": {"gpu": gpu, "torch": "2.x",
-                                                                      "peak_memory_bytes": {"reserved": b}}}) + "\n"
-                                   for sha, b in rows.items()))
-        return script.update_peaks(peaks, partial)
+    def run(gpu: str, rows: dict, settings: str = "S") -> str:
+        partial.write_text("".join(json.dumps({"sha256": sha, "settings_sha256": settings,
+                                               "raw": {"gpu": gpu, "torch": "2.x", "peak_memory_bytes": {"reserved": b}}})
+                                   + "\n" for sha, b in rows.items()))
+        return script.update_peaks(peaks, partial, "S")
 
     assert "2 recorded on H200" in run("H200", {"a": 5, "b": 6})
     run("H200", {"b": 9})  # a later run of one task: its newer peak replaces the old, the other is kept
-    data = script.read_peaks(peaks)
+    data = script.read_peaks(peaks, fingerprint="S", gpu="H200")
     assert data["gpu"] == "H200" and data["peaks_reserved_bytes"] == {"a": 5, "b": 9}
-    run("A100", {"c": 3})  # another kind of GPU reserves differently: the file starts over
-    assert script.read_peaks(peaks)["peaks_reserved_bytes"] == {"c": 3}
-    peaks.write_text(json.dumps({"something": "else"}))
-    with pytest.raises(SystemExit):
-        script.read_peaks(peaks)
+    # records of other settings (a run without hidden shapes holds less) never enter the file
+    assert "no GPU records of these settings" in run("H200", {"a": 1}, settings="other")
+    assert script.read_peaks(peaks, fingerprint="S")["peaks_reserved_bytes"] == {"a": 5, "b": 9}
+    # and the file is not used by a run of other settings, or on another kind of GPU
+    assert script.read_peaks(peaks, fingerprint="other")["peaks_reserved_bytes"] == {}
+    assert script.read_peaks(peaks, fingerprint="S", gpu="A100")["peaks_reserved_bytes"] == {}
+    run("A100", {"c": 3})  # a run on another kind of GPU starts the file over
+    assert script.read_peaks(peaks, fingerprint="S")["peaks_reserved_bytes"] == {"c": 3}
+    for broken in ('{"something": "else"}', "[1, 2]", '{"format": "%s"}' % script.PEAKS_FORMAT, "{not json"):
+        peaks.write_text(broken)
+        with pytest.raises(SystemExit):
+            script.read_peaks(peaks)
+
+
+def test_the_committed_peaks_file_matches_the_settings_of_the_kernelbench_audit_command():
+    """audits/kernelbench.peaks.json is read only by a run whose settings fingerprint it carries: the one NOTES.md
+    gives (`--hidden-tests hidden_tests/kernelbench`, the default seeds and protocols, on a CUDA device)."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = argparse.Namespace(seeds=3, no_hidden=False, timeout=900.0, hidden_tests=[Path("hidden_tests/kernelbench")])
+    fingerprint = script.settings_fingerprint(protocols=script.parse_protocols("original,kbv,verified"),
+                                              device="cuda", settings=script._settings(args))
+    data = script.read_peaks(REPO / "audits" / "kernelbench.peaks.json", fingerprint=fingerprint, gpu="NVIDIA H200")
+    assert len(data["peaks_reserved_bytes"]) == 250

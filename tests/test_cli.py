@@ -346,5 +346,6 @@ def test_the_entry_point_starts_the_server_with_what_the_command_will_need():
     # nothing to start for help, unknown commands, or a protocol the command line will reject itself
     assert _server_timing(["check", "--help"]) is None
     assert _server_timing(["score", "x.jsonl"]) is None
-    assert _server_timing(["check", "s.py", "--protocol", "no-such-protocol"]) is None
+    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol", "no-such-protocol"]) is None
+    assert _server_timing(["check", "s.py", "--protocol", "original"]) is None  # no --task: a usage error
     assert _server_timing([]) is None

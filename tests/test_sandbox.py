@@ -123,17 +123,32 @@ def test_nothing_in_the_childs_working_directory_says_which_job_or_phase_it_is_i
 
 
 _WATCH_PROBE = """
+import importlib.machinery
+import importlib.util
 import sys
 from kbverify.worker import ExtensionWatch
 assert "torch.utils.cpp_extension" not in sys.modules, "imported before the submission asked"
-watch = ExtensionWatch().install()
+first, second = ExtensionWatch().install(), ExtensionWatch().install()
 assert "torch.utils.cpp_extension" not in sys.modules, "install() imported it"
+assert importlib.util.find_spec("torch.utils.cpp_extension") is not None  # a look-up imports nothing
+import setuptools
+real_setup = setuptools.setup
+del sys.modules["setuptools"]  # the next import of setuptools fails, and so does cpp_extension's, once
+sys.modules["setuptools"] = None
+try:
+    import torch.utils.cpp_extension
+except ImportError:
+    pass
+else:
+    raise AssertionError("the import should have failed")
+sys.modules["setuptools"] = setuptools
 from torch.utils import cpp_extension
-import importlib.machinery
-assert cpp_extension.load_inline.__wrapped__ is not None and cpp_extension.load.__wrapped__ is not None
 assert isinstance(cpp_extension.__loader__, importlib.machinery.SourceFileLoader), cpp_extension.__loader__
-second = ExtensionWatch().install()  # already imported: wraps at once, around the first watch's wrapper
-assert cpp_extension.load_inline.__wrapped__.__wrapped__ is not None
+# both watches wrap, nested in install order: the second's wrapper around the first's
+outer = cpp_extension.load_inline
+assert outer.__wrapped__.__wrapped__ is first._originals["load_inline"], "both watches must wrap, nested"
+third = ExtensionWatch().install()  # already imported: wraps at once, around the others
+assert cpp_extension.load_inline.__wrapped__ is outer
 print("ok")
 """
 
