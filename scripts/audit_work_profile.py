@@ -66,6 +66,7 @@ from torch.utils.flop_counter import flop_registry
 
 from kbverify import audit_worker, correctness, evaluate, hidden, worker
 from kbverify.audit import AuditSettings, worker_payload
+from kbverify.hidden import _tensors  # every tensor in a nested argument
 from kbverify.tasks import execute_task, load_task, parse_task
 
 WORK = Path("/tmp/audit_work")
@@ -92,17 +93,6 @@ def _sdpa_cpu_flops(q, k, v, *args, **kwargs) -> int:
 
 
 _EXTRA_FLOPS = {"_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu_flops}
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 def _new_stats() -> dict:
