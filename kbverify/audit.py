@@ -633,9 +633,15 @@ def _uniform_axis(valid: dict, found: _Findings, t: AuditThresholds) -> None:
         found.flag("uniform_axis", {"axes": uniform})
 
 
+def read_by_mostly(input_set: dict) -> bool:
+    """The sets the mostly-zero and mostly-mean rules read: the task's own shape, default weights, x1 inputs. The
+    worker takes the fractions those rules need on these sets alone."""
+    return (input_set["shape"] == "original" and input_set["weights"] == "default"
+            and input_set["distribution"] == "x1")
+
+
 def _mostly(valid: dict, found: _Findings, t: AuditThresholds) -> None:
-    own = [s for s in valid.values()
-           if s["shape"] == "original" and s["weights"] == "default" and s["distribution"] == "x1"]
+    own = [s for s in valid.values() if read_by_mostly(s)]
     if not own:
         return
     key = repr(t.mostly_atol)

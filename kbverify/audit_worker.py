@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict
+from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict, read_by_mostly
 from kbverify.correctness import (CHUNK_ELEMENTS, certainly_rejects, flatten_outputs, judge_set, screen,
                                   summarize)
 from kbverify.evaluate import build_reference, set_inputs, shape_namespaces
@@ -274,8 +274,8 @@ def _replay_family(marks: _Marks, record: dict, nulls: "_NullKernels", device) -
         meta = {key: entry[key] for key in ("shape", "distribution", "seed", "seed_index")}
         meta.update(set_id=ids[entry["set_id"]], weights="rerandomized")
         replayed = {**copy.deepcopy(entry), **meta}
-        for stats in replayed.get("outputs", []):  # what _reference_set keeps on a set of these weights
-            for name in _FRACTION_STATS:
+        for stats in replayed.get("outputs", []) if not read_by_mostly(replayed) else ():
+            for name in _FRACTION_STATS:  # as _reference_set would have left them on this set
                 stats.pop(name, None)
         record["sets"].append(replayed)
         if not entry["valid"]:
@@ -324,11 +324,9 @@ class _FamilyContext:
 def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> tuple[list | None, list]:
     """Run the reference on one set, record its statistics; the output (None when it is not finite) and them."""
     output = context.call(context.model, context.inputs(meta), meta)
-    # The near-zero and near-mean fractions feed one rule (audit._mostly), which reads the sets of the task's own
-    # shape, default weights and x1 inputs only; on every other set they were two thirds of the statistics'
-    # passes over the output, the largest share of the hidden shapes' device work.
-    fractions = meta["shape"] == "original" and meta["weights"] == "default" and meta["distribution"] == "x1"
-    stats = [_tensor_stats(t, fractions=fractions) for t in output]
+    # The fractions feed one rule, which reads a few sets; on every other set they were two thirds of the
+    # statistics' passes over the output, the largest share of the hidden shapes' device work.
+    stats = [_tensor_stats(t, fractions=read_by_mostly(meta)) for t in output]
     entry = {**meta, "valid": True, "outputs": stats}
     bad = sum(s.get("nonfinite", 0) for s in stats)
     if bad:
@@ -851,8 +849,8 @@ def _tensor_stats(t, *, fractions: bool = True) -> dict:
         return stats
     stats["nonfinite"] = 0  # the largest magnitude is finite, so every element is
     stats["max_abs"] = max(largest)
+    stats["axis_range"] = [_largest_range(x, d) if size > 1 else None for d, size in enumerate(t.shape)]
     if not fractions:
-        stats["axis_range"] = [_largest_range(x, d) if size > 1 else None for d, size in enumerate(t.shape)]
         return stats
     mean = float(x.mean(dtype=torch.float64)) if x.numel() <= CHUNK_ELEMENTS else _mean(x)
     near_mean = {a: 0 for a in NEAR_ATOLS}
@@ -864,5 +862,4 @@ def _tensor_stats(t, *, fractions: bool = True) -> dict:
     stats["mean"] = mean
     stats["frac_near_zero"] = {repr(a): near_zero[a] / t.numel() for a in NEAR_ATOLS}
     stats["frac_near_mean"] = {repr(a): near_mean[a] / t.numel() for a in NEAR_ATOLS}
-    stats["axis_range"] = [_largest_range(x, d) if size > 1 else None for d, size in enumerate(t.shape)]
     return stats

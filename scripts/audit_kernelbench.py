@@ -130,9 +130,7 @@ def main() -> int:
     started = time.monotonic()
     sharded = args.gpus * args.per_gpu > 1 and not args.shard  # then every result is in the merged partial file
     if args.report_only:
-        merge_partials(Path(f"{args.out_prefix}.partial.jsonl"), _shard_files(Path(args.out_prefix)),
-                       settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
-                                            settings=_settings(args)))
+        merge_partials(Path(f"{args.out_prefix}.partial.jsonl"), _shard_files(Path(args.out_prefix)), _fingerprint(args))
     if args.estimate_only:
         if args.footprints is None:
             print("--estimate-only needs --footprints CACHE.json", file=sys.stderr)
@@ -185,9 +183,7 @@ def main() -> int:
     if needs is not None:
         print(memory_check(Path(f"{args.out_prefix}.partial.jsonl"), needs["needs"]))
         if args.peaks is not None:
-            print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl"),
-                               settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
-                                                    settings=settings)))
+            print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl"), _fingerprint(args)))
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -241,6 +237,11 @@ def summarize_gpu_samples(text: str) -> str:
 def _settings(args) -> AuditSettings:
     return AuditSettings(seeds=args.seeds, hidden_shapes=not args.no_hidden, timeout_s=args.timeout,
                          hidden_dirs=tuple(str(d) for d in args.hidden_tests))
+
+
+def _fingerprint(args) -> str:
+    """What this invocation's results are keyed by (kbverify.audit.settings_fingerprint)."""
+    return settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device, settings=_settings(args))
 
 
 def _shard_files(prefix: Path) -> list[Path]:
@@ -302,8 +303,7 @@ def memory_needs(args, tasks) -> dict:
         if args.footprints and missing:
             args.footprints.write_text(json.dumps({sha: dataclasses.asdict(fp) for sha, fp in sorted(cached.items())},
                                                   indent=0))
-    fingerprint = settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
-                                       settings=_settings(args))
+    fingerprint = _fingerprint(args)
     peaks = read_peaks(args.peaks, fingerprint=fingerprint,
                        gpu=gpu_name() if args.peaks and args.device.startswith("cuda") else None)
     needs = {t.key: audit_need_bytes(cached.get(t.sha256), args.memory_factor,
@@ -452,9 +452,7 @@ def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None) ->
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
     prefix = Path(args.out_prefix)
-    lines = merge_partials(merged, _shard_files(prefix),
-                           settings_fingerprint(protocols=parse_protocols(args.protocol), device=args.device,
-                                                settings=_settings(args)))
+    lines = merge_partials(merged, _shard_files(prefix), _fingerprint(args))
     log.info("merged the copies' results: %d tasks in %s", lines, merged)
     shutil.rmtree(claims, ignore_errors=True)
 
