@@ -3,6 +3,7 @@
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
         [--gpus N] [--per-gpu K] [--memory-budget-gib G] [--memory-factor F] [--footprints CACHE.json]
+        [--peaks PEAKS.json] [--mps]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
@@ -13,6 +14,8 @@ Memory decides what runs together: each task's need is estimated beforehand on t
 (kbverify.footprint), the copies take tasks largest need first, and a copy starts a task only when the needs in
 flight on its GPU plus this one fit the budget (kbverify.admission); one that does not fit now is deferred and
 tried again, first, whenever the copy is free.
+With --mps the copies share each GPU through a private MPS daemon (kbverify.mps: their kernels run side by side
+instead of taking turns; the copies run as before, with the reason logged, where MPS is not available).
 Nothing is downloaded. Progress goes to stderr; the comparison with the published lists (KernelBench-Verified's
 exclusions, KernelBench issue #165, robust-kbench's numeric filters, METR's removals; see
 reference/verified_and_hacks.md) and the total wall time go to stdout at the end.
@@ -21,6 +24,7 @@ reference/verified_and_hacks.md) and the total wall time go to stdout at the end
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -29,6 +33,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +46,7 @@ from kbverify.audit import (AuditSettings, audit_tasks, finished_keys, merge_par
                             settings_fingerprint)
 from kbverify.footprint import (AUDIT_MEMORY_FACTOR, Footprint, audit_need_bytes,  # noqa: E402
                                 estimate_footprints, recorded_peaks)
+from kbverify.mps import MpsState, private_mps  # noqa: E402
 from kbverify.protocols import parse_protocols  # noqa: E402
 from kbverify.sandbox import start_early  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
@@ -100,6 +106,9 @@ def main() -> int:
     parser.add_argument("--peaks", type=Path, default=None,
                         help="a JSON file of the tasks' recorded peak memory by content hash: used for admission "
                              "where known (kbverify.footprint.PEAK_MARGIN), and updated with this run's peaks")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the copies under a private CUDA MPS daemon, started and stopped by this command "
+                             "(kernels of different copies then run side by side; the GPU's settings stay as they are)")
     parser.add_argument("--estimate-only", action="store_true",
                         help="fill the --footprints cache and print the memory estimates' summary; audit nothing")
     parser.add_argument("--retry-per-gpu", type=int, default=2,
@@ -145,12 +154,14 @@ def main() -> int:
                     args.peaks)
     sampler = GpuSampler.start(Path(f"{args.out_prefix}.gpu_samples.csv")) if (
         needs is not None and args.device.startswith("cuda")) else None
+    sharing = MpsState(False, "not asked for (--mps)")
     try:
         if needs is not None:
-            run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs)
-            if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
-                # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
-                run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
+            with _sharing(args) as sharing:
+                run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs, env=sharing.env)
+                if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
+                    # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
+                    run_shards(args, args.retry_per_gpu, fresh=False, needs=needs, env=sharing.env)
     finally:
         if sampler is not None:
             log.info("%s", sampler.stop())
@@ -184,6 +195,8 @@ def main() -> int:
         print(memory_check(Path(f"{args.out_prefix}.partial.jsonl"), needs["needs"]))
         if args.peaks is not None:
             print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl"), _fingerprint(args)))
+    if needs is not None:
+        print(f"\ncopies sharing a GPU: {args.per_gpu}; {sharing.describe()}")
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -427,7 +440,26 @@ def _ledger(claims: Path, device: str, budget: int | None) -> MemoryLedger | Non
     return MemoryLedger(claims / f"memory-{device.replace(':', '')}", budget)
 
 
-def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None) -> None:
+@contextlib.contextmanager
+def _sharing(args):
+    """A private MPS daemon for the copies with --mps on a CUDA device; a SIGTERM (`timeout`) unwinds through it,
+    so the daemon is told to quit even when the run is cut."""
+    if not (args.mps and args.device.startswith("cuda")):
+        yield MpsState(False, "not asked for (--mps)" if not args.mps else f"device {args.device}")
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with private_mps(Path(f"{args.out_prefix}.mps-{os.getpid()}")) as state:
+            yield state
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None, env: dict | None = None) -> None:
     """`per_gpu` copies of this script per GPU sharing one task list; their partial files merged into ours."""
     processes = []
     shards = args.gpus * per_gpu
@@ -446,7 +478,7 @@ def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None) ->
                    "--timeout", str(args.timeout), "--shard", f"{index}/{shards}", "--claims", str(claims)]
         command += [f"--hidden-tests={d}" for d in args.hidden_tests]
         command += ["--no-hidden"] * args.no_hidden
-        processes.append(subprocess.Popen(command))
+        processes.append(subprocess.Popen(command, env={**os.environ, **env} if env else None))
     codes = [process.wait() for process in processes]
     log.info("shards finished with exit codes %s", codes)
     merged = Path(f"{args.out_prefix}.partial.jsonl")

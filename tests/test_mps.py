@@ -1,0 +1,129 @@
+"""The private MPS daemon (kbverify.mps), against a stand-in control program that records what it was asked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kbverify.mps import CONTROL, private_mps
+
+REPO = Path(__file__).resolve().parents[1]
+# What a client must see to reach the daemon; it fails the probe otherwise.
+PROBE_NEEDS_THE_PIPE = (sys.executable, "-c", "import os, sys; "
+                        "sys.exit(0 if os.path.isdir(os.environ['CUDA_MPS_PIPE_DIRECTORY']) else 3)")
+
+
+def _fake_control(folder: Path, *, start_rc: int = 0, servers: str = "4242", log_line: str = "") -> Path:
+    """An `nvidia-cuda-mps-control` stand-in: `-d` exits start_rc; on stdin, `get_server_list` prints `servers`;
+    every call is appended to calls.txt with the pipe folder it was given."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / CONTROL
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        calls="{folder}/calls.txt"
+        if [ "$1" = "-d" ]; then
+          echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
+          [ -n "{log_line}" ] && echo "{log_line}" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+          exit {start_rc}
+        fi
+        read command
+        echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
+        [ "$command" = "get_server_list" ] && [ -n "{servers}" ] && echo "{servers}"
+        exit 0
+        """))
+    script.chmod(0o755)
+    return bin_dir
+
+
+def _calls(folder: Path) -> list[str]:
+    path = folder / "calls.txt"
+    return [line.split()[0] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _env(bin_dir: Path | None) -> dict:
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}" if bin_dir else "/nonexistent"}
+
+
+def test_a_probe_on_the_server_turns_it_on_with_private_folders_and_it_quits_after_the_block(tmp_path, monkeypatch):
+    bin_dir = _fake_control(tmp_path)
+    monkeypatch.setenv("PATH", _env(bin_dir)["PATH"])
+    with private_mps(tmp_path / "mps", probe=PROBE_NEEDS_THE_PIPE) as state:
+        assert state.used, state.reason
+        assert "4242" in state.reason
+        assert state.env == {"CUDA_MPS_PIPE_DIRECTORY": str((tmp_path / "mps" / "pipe").resolve()),
+                             "CUDA_MPS_LOG_DIRECTORY": str((tmp_path / "mps" / "log").resolve())}
+        assert _calls(tmp_path) == ["start", "get_server_list"]  # not quit yet: the copies run inside the block
+    assert _calls(tmp_path) == ["start", "get_server_list", "quit"]
+    pipes = {line.split()[1] for line in (tmp_path / "calls.txt").read_text().splitlines()}
+    assert pipes == {state.env["CUDA_MPS_PIPE_DIRECTORY"]}  # every control call went to the private daemon
+
+
+def test_the_daemon_quits_when_the_block_raises(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _env(_fake_control(tmp_path))["PATH"])
+    with pytest.raises(RuntimeError):
+        with private_mps(tmp_path / "mps", probe=PROBE_NEEDS_THE_PIPE):
+            raise RuntimeError("a copy failed")
+    assert _calls(tmp_path)[-1] == "quit"
+
+
+@pytest.mark.parametrize("case", ["no_server", "probe_fails", "start_fails"])
+def test_without_a_working_server_the_copies_run_as_before_and_no_daemon_is_left(tmp_path, monkeypatch, case):
+    bin_dir = _fake_control(tmp_path, servers="" if case == "no_server" else "4242",
+                            start_rc=1 if case == "start_fails" else 0)
+    monkeypatch.setenv("PATH", _env(bin_dir)["PATH"])
+    probe = (sys.executable, "-c", "raise SystemExit(5)") if case == "probe_fails" else PROBE_NEEDS_THE_PIPE
+    with private_mps(tmp_path / "mps", probe=probe) as state:
+        assert not state.used and state.env == {}
+        inside = _calls(tmp_path)
+    expected = {"no_server": ["start", "get_server_list", "quit"], "probe_fails": ["start", "quit"],
+                "start_fails": ["start"]}[case]
+    assert inside == expected  # stopped before the copies start, not after them
+    assert {"no_server": "no MPS server", "probe_fails": "exited 5", "start_fails": "-d exited 1"}[case] in state.reason
+
+
+def test_a_server_that_left_with_its_client_counts_by_the_daemons_log(tmp_path, monkeypatch):
+    bin_dir = _fake_control(tmp_path, servers="", log_line="[2026-11-30 05:00:00.000 Control 77] Starting new server 99 for user 1000")
+    monkeypatch.setenv("PATH", _env(bin_dir)["PATH"])
+    with private_mps(tmp_path / "mps", probe=PROBE_NEEDS_THE_PIPE) as state:
+        assert state.used and "1 server start" in state.reason
+
+
+def test_no_control_program_means_no_mps(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with private_mps(tmp_path / "mps") as state:
+        assert not state.used and CONTROL in state.reason
+    assert not (tmp_path / "mps").exists()
+
+
+def test_a_terminated_audit_still_tells_its_daemon_to_quit(tmp_path):
+    """`timeout` ends the audit with SIGTERM: the script's MPS block unwinds and the daemon is told to quit."""
+    bin_dir = _fake_control(tmp_path)
+    code = textwrap.dedent(f"""\
+        import importlib.util, sys, time, types
+        spec = importlib.util.spec_from_file_location("audit_kernelbench", {str(REPO / 'scripts' / 'audit_kernelbench.py')!r})
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        import kbverify.mps
+        kbverify.mps.DEFAULT_PROBE = {PROBE_NEEDS_THE_PIPE!r}
+        args = types.SimpleNamespace(mps=True, device="cuda", out_prefix={str(tmp_path / 'out')!r})
+        with script._sharing(args) as state:
+            assert state.used, state.reason
+            print("inside", flush=True)
+            time.sleep(60)
+        """)
+    process = subprocess.Popen([sys.executable, "-c", code], env=_env(bin_dir), cwd=REPO, stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "inside"
+    assert _calls(tmp_path) == ["start", "get_server_list"]
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _calls(tmp_path) == ["start", "get_server_list", "quit"]
