@@ -74,7 +74,7 @@ def _audit(payload: dict) -> dict:
         record["gpu"] = torch.cuda.get_device_name(device)
     started = time.monotonic()
     shapes = _shapes(task, settings, record, payload.get("committed_shapes"))
-    record["phase_s"]["hidden_shapes"] = time.monotonic() - started
+    _end_phase(record, "hidden_shapes", started, device)
     nulls = _NullKernels(settings["null_kernels"], protocols, settings.get("low_precision_seeds", 1 << 30),
                          judged_by=payload.get("null_kernel_protocols"), screened=payload.get("null_screen", True))
     for shape, overrides in shapes:
@@ -99,7 +99,7 @@ def _audit(payload: dict) -> dict:
                     record["errors"].append({"phase": name, "error": short_error(error)})
                     if is_cuda_fatal(error):
                         return _finish(record, nulls)
-                record["phase_s"][name] = time.monotonic() - phase
+                _end_phase(record, name, phase, device)
     return _finish(record, nulls)
 
 
@@ -109,7 +109,7 @@ def _run_shape(namespace, shape, seeds, settings, device, nulls, record, replay:
     phase = time.monotonic()
     marks = _Marks(len(record["sets"]), len(record["families"]), len(record["errors"]))
     default = _run_family(namespace, shape, "default", seeds, settings, device, nulls, record)
-    record["phase_s"][f"sets:{shape}:default"] = time.monotonic() - phase
+    _end_phase(record, f"sets:{shape}:default", phase, device)
     if default.fatal:
         return True
     phase = time.monotonic()
@@ -118,7 +118,7 @@ def _run_shape(namespace, shape, seeds, settings, device, nulls, record, replay:
         fatal = False
     else:
         fatal = _run_family(namespace, shape, "rerandomized", seeds, settings, device, nulls, record).fatal
-    record["phase_s"][f"sets:{shape}:rerandomized"] = time.monotonic() - phase
+    _end_phase(record, f"sets:{shape}:rerandomized", phase, device)
     return fatal
 
 
@@ -127,10 +127,21 @@ def _finish(record: dict, nulls: "_NullKernels") -> dict:
     device = torch.device(record["device"])
     if device.type == "cuda":
         # what the scheduler's memory factor is checked against (the caching allocator's reserve is the peak the
-        # other copies on the GPU actually lose)
-        record["peak_memory_bytes"] = {"allocated": torch.cuda.max_memory_allocated(device),
-                                       "reserved": torch.cuda.max_memory_reserved(device)}
+        # other copies on the GPU actually lose); the phases' peaks were reset as each ended
+        phases = record.get("phase_peak_bytes", {}).values()
+        record["peak_memory_bytes"] = {
+            kind: max([getattr(torch.cuda, f"max_memory_{kind}")(device)] + [p[kind] for p in phases])
+            for kind in ("allocated", "reserved")}
     return record
+
+
+def _end_phase(record: dict, name: str, started: float, device) -> None:
+    """The phase's seconds and, on a GPU, its own memory peaks: which phase holds a task's reserve."""
+    record["phase_s"][name] = time.monotonic() - started
+    if device.type == "cuda":
+        record.setdefault("phase_peak_bytes", {})[name] = {"allocated": torch.cuda.max_memory_allocated(device),
+                                                           "reserved": torch.cuda.max_memory_reserved(device)}
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _shapes(task, settings: dict, record: dict, committed: list[dict] | None) -> list[tuple[str, dict]]:

@@ -499,3 +499,35 @@ def test_the_fractions_are_taken_only_on_the_sets_the_mostly_rules_read(tasks):
             for stats in (o for o in entry["outputs"] if entry["valid"]):
                 assert {"max_abs", "axis_range", "nonfinite"} <= set(stats)
                 assert not {"mean", "frac_near_zero", "frac_near_mean"} & set(stats), entry["set_id"]
+
+
+def test_each_phase_records_its_own_gpu_peak_and_the_task_peak_is_the_largest(monkeypatch):
+    """The allocator's peaks are reset as each phase ends (CUDA calls stubbed: this runs on a CPU); the task's
+    peak, which admission reads, must still be the largest of the phases' and what came after them."""
+    held = {"allocated": 0, "reserved": 0, "max_allocated": 0, "max_reserved": 0}
+
+    def use(allocated, reserved):
+        held.update(allocated=allocated, reserved=reserved, max_allocated=max(held["max_allocated"], allocated),
+                    max_reserved=max(held["max_reserved"], reserved))
+
+    def reset(device):
+        held.update(max_allocated=held["allocated"], max_reserved=held["reserved"])
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: held["max_allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: held["max_reserved"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    record = {"device": "cuda:0", "phase_s": {}}
+    device = torch.device("cuda:0")
+    use(5, 8)
+    use(1, 2)
+    audit_worker._end_phase(record, "sets:original:default", 0.0, device)
+    use(3, 4)
+    audit_worker._end_phase(record, "dead", 0.0, device)
+    use(2, 6)
+    finished = audit_worker._finish(record, type("Nulls", (), {"export": lambda self: {}})())
+    assert finished["phase_peak_bytes"] == {"sets:original:default": {"allocated": 5, "reserved": 8},
+                                            "dead": {"allocated": 3, "reserved": 4}}
+    assert finished["peak_memory_bytes"] == {"allocated": 5, "reserved": 8}
+    assert set(finished["phase_s"]) == {"sets:original:default", "dead"}
+    on_cpu = audit_worker._finish({"device": "cpu", "phase_s": {}}, type("Nulls", (), {"export": lambda self: {}})())
+    assert "peak_memory_bytes" not in on_cpu
