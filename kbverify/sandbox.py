@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -240,7 +241,9 @@ def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
         for spec in specs:
             running.append(_Running(spec))
         while not all(child.poll() for child in running):
-            time.sleep(_POLL_S)
+            # woken at once when a child ends (its sentinel), else every _POLL_S to bound output and check timeouts
+            multiprocessing.connection.wait([child.process.sentinel for child in running if child.outcome is None],
+                                            timeout=_POLL_S)
     finally:
         for child in running:
             if child.outcome is None:

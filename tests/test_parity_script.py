@@ -52,3 +52,40 @@ def test_running_needs_the_kernelbench_copy_and_says_so():
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--kb", "x"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--table-from" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_kernel_run_again_later_is_reported_once_from_the_later_file(tmp_path):
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(json.dumps(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0)) + "\n"
+                     + json.dumps(_record("k2", [2.0, 2.02], [2.5, 2.5], 10.0, 5.0)) + "\n")
+    second.write_text(json.dumps(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 3.0)) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
+                          str(first), str(second)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| k")]
+    assert [row.split(" | ")[0] for row in rows] == ["| k1", "| k2"]  # once each, in first-seen order
+    assert rows[0].rstrip(" |").endswith("3.000") and "kernels: 2;" in run.stdout  # k1's later cost, 3.0 s
+
+
+def test_kernelbench_baseline_runs_in_a_process_of_its_own_unless_asked_otherwise(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("parity_kernelbench", REPO / "scripts" / "parity_kernelbench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    scripts = script.KB_SCRIPTS
+    # the eval process KernelBench's cost counts never times the reference before the eval
+    timing, evaluation = "kb_eval.time_execution_with_cuda_event(", "kb_eval.eval_kernel_against_ref("
+    assert evaluation in scripts["eval"] and timing not in scripts["eval"]
+    assert timing in scripts["baseline"] and evaluation not in scripts["baseline"]
+    same = scripts["same-process"]
+    assert same.index(timing) < same.index(evaluation)
+    for text in scripts.values():
+        compile(text, "kb", "exec")
+    record = _record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0)
+    record["kb_runs"] = [{"process_s": 4.0, "baseline_s": 1.0, "kb_baseline": "separate"}]
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
+                          str(path)], capture_output=True, text=True, timeout=60)
+    assert "KernelBench's baseline timed in a process of its own for 1 of them" in run.stdout, run.stdout
