@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -55,11 +57,33 @@ def _stop_if_out_of_memory(error: BaseException) -> None:
 
 def audit_job(payload: dict) -> dict:
     """The raw audit of one task; out of memory anywhere ends it as an infrastructure error (run it again with the
-    device to itself), never as evidence such as an invalid set or a null kernel that could not run."""
+    device to itself), never as evidence such as an invalid set or a null kernel that could not run. So does a
+    fatal CUDA error on a GPU shared through MPS (`shared_gpu`): there any client's fault reaches every client,
+    with nothing saying whose it was, so the task is audited again on a GPU of its own."""
     try:
-        return _audit(payload)
+        record = _audit(payload)
     except _OutOfMemory as error:
         return {"infrastructure_error": f"out of memory, not evidence about the task: {error}"}
+    fatal = _fatal_errors(record)
+    if fatal and shared_gpu():
+        return {"infrastructure_error": "a fatal CUDA error on a GPU shared through MPS, possibly another "
+                                        f"client's, not evidence about the task: {fatal[0][:300]}"}
+    return record
+
+
+def shared_gpu() -> bool:
+    """Whether this process's CUDA work goes through an MPS daemon named in its environment (kbverify.mps)."""
+    return bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+
+
+def _fatal_errors(record: dict) -> list[str]:
+    """The record's errors after which the CUDA context was unusable (or the MPS server refused or dropped us)."""
+    texts = [entry.get("error", "") for entry in record.get("errors", [])]
+    texts += [entry.get("invalid_reason", "") for entry in record.get("sets", [])]
+    return [text for text in texts if text and (is_cuda_fatal(text) or _MPS_ERROR.search(text.lower()))]
+
+
+_MPS_ERROR = re.compile(r"\bmps\b|cudaerrormps")  # the client's connection to the MPS server failed or was cut
 
 
 def _audit(payload: dict) -> dict:

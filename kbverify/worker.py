@@ -170,7 +170,7 @@ def format_traceback(error: BaseException, limit: int = 4000) -> str:
     return text[-limit:]
 
 
-def is_cuda_fatal(error: BaseException) -> bool:
+def is_cuda_fatal(error: BaseException | str) -> bool:
     """After these the CUDA context is unusable: the child must stop."""
     text = str(error).lower()
     return any(marker in text for marker in (

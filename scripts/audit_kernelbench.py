@@ -3,7 +3,7 @@
     python3 scripts/audit_kernelbench.py KERNELBENCH_TASKS_DIR OUT_PREFIX [--device cuda] [--levels 1,2,3]
         [--protocol original,kbv,verified] [--hidden-tests DIR] [--no-hidden] [--seeds 3] [--timeout 900]
         [--gpus N] [--per-gpu K] [--memory-budget-gib G] [--memory-factor F] [--footprints CACHE.json]
-        [--peaks PEAKS.json] [--mps]
+        [--peaks PEAKS.json] [--no-mps]
 
 KERNELBENCH_TASKS_DIR holds `level1/`, `level2/`, `level3/` (KernelBench's `KernelBench/` folder). Writes
 OUT_PREFIX.json, OUT_PREFIX.md and OUT_PREFIX.partial.jsonl (rerun the same command to resume after a kill).
@@ -14,8 +14,10 @@ Memory decides what runs together: each task's need is estimated beforehand on t
 (kbverify.footprint), the copies take tasks largest need first, and a copy starts a task only when the needs in
 flight on its GPU plus this one fit the budget (kbverify.admission); one that does not fit now is deferred and
 tried again, first, whenever the copy is free.
-With --mps the copies share each GPU through a private MPS daemon (kbverify.mps: their kernels run side by side
-instead of taking turns; the copies run as before, with the reason logged, where MPS is not available).
+The copies share each GPU through a private MPS daemon (kbverify.mps: their kernels run side by side instead of
+taking turns). On an H200 the full audit took 408 s so; taking turns (and admitted by estimates rather than by
+recorded peaks) it took 770 s. Where MPS is not available, or with --no-mps, the copies take turns, and the reason
+is logged. A task whose GPU broke under MPS is audited again without it.
 Nothing is downloaded. Progress goes to stderr; the comparison with the published lists (KernelBench-Verified's
 exclusions, KernelBench issue #165, robust-kbench's numeric filters, METR's removals; see
 reference/verified_and_hacks.md) and the total wall time go to stdout at the end.
@@ -106,9 +108,10 @@ def main() -> int:
     parser.add_argument("--peaks", type=Path, default=None,
                         help="a JSON file of the tasks' recorded peak memory by content hash: used for admission "
                              "where known (kbverify.footprint.PEAK_MARGIN), and updated with this run's peaks")
-    parser.add_argument("--mps", action="store_true",
-                        help="run the copies under a private CUDA MPS daemon, started and stopped by this command "
-                             "(kernels of different copies then run side by side; the GPU's settings stay as they are)")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=True,
+                        help="copies sharing a GPU run under a private CUDA MPS daemon, started and stopped by this "
+                             "command, so their kernels run side by side (on by default; the GPU's settings stay as "
+                             "they are; without nvidia-cuda-mps-control the copies take turns, as with --no-mps)")
     parser.add_argument("--estimate-only", action="store_true",
                         help="fill the --footprints cache and print the memory estimates' summary; audit nothing")
     parser.add_argument("--retry-per-gpu", type=int, default=2,
@@ -154,14 +157,16 @@ def main() -> int:
                     args.peaks)
     sampler = GpuSampler.start(Path(f"{args.out_prefix}.gpu_samples.csv")) if (
         needs is not None and args.device.startswith("cuda")) else None
-    sharing = MpsState(False, "not asked for (--mps)")
+    sharing = MpsState(False, "one copy")
     try:
         if needs is not None:
             with _sharing(args) as sharing:
                 run_shards(args, args.per_gpu, fresh=args.fresh, needs=needs, env=sharing.env)
-                if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
-                    # what ran out of memory among many runs again among fewer; the serial pass below takes the rest
-                    run_shards(args, args.retry_per_gpu, fresh=False, needs=needs, env=sharing.env)
+            if args.retry_per_gpu and args.retry_per_gpu < args.per_gpu:
+                # What ran out of memory among many runs again among fewer, and without MPS: a task whose GPU
+                # broke under MPS (whoever broke it) is audited on contexts of its own. The serial pass below
+                # takes the rest.
+                run_shards(args, args.retry_per_gpu, fresh=False, needs=needs)
     finally:
         if sampler is not None:
             log.info("%s", sampler.stop())
@@ -445,7 +450,7 @@ def _sharing(args):
     """A private MPS daemon for the copies with --mps on a CUDA device; a SIGTERM (`timeout`) unwinds through it,
     so the daemon is told to quit even when the run is cut."""
     if not (args.mps and args.device.startswith("cuda")):
-        yield MpsState(False, "not asked for (--mps)" if not args.mps else f"device {args.device}")
+        yield MpsState(False, "--no-mps" if not args.mps else f"device {args.device}")
         return
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:

@@ -531,3 +531,26 @@ def test_each_phase_records_its_own_gpu_peak_and_the_task_peak_is_the_largest(mo
     assert set(finished["phase_s"]) == {"sets:original:default", "dead"}
     on_cpu = audit_worker._finish({"device": "cpu", "phase_s": {}}, type("Nulls", (), {"export": lambda self: {}})())
     assert "peak_memory_bytes" not in on_cpu
+
+
+def test_a_fatal_cuda_error_under_mps_is_an_infrastructure_error_and_evidence_without_it(monkeypatch):
+    """Under MPS a fault reaches every client: the task's record cannot be trusted, so it is run again alone.
+    On a GPU of its own the same error is the task's (its reference breaks the device) and stays evidence."""
+    fatal = {"device": "cuda:0", "sets": [{"set_id": "original/x1/default/s0", "valid": False,
+                                          "invalid_reason": "reference raised: RuntimeError: CUDA error: an illegal "
+                                                            "memory access was encountered"}],
+             "errors": [{"phase": "original/x1/default/s0", "error": "RuntimeError: CUDA error: an illegal memory "
+                                                                     "access was encountered", "fatal": True}]}
+    clean = {"device": "cuda:0", "sets": [{"set_id": "original/x1/default/s0", "valid": False,
+                                          "invalid_reason": "non-finite output (timestamps, dumps)"}], "errors": []}
+    monkeypatch.setattr(audit_worker, "_audit", lambda payload: payload["record"])
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    assert audit_worker.audit_job({"record": fatal}) is fatal
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/kbverify-mps/pipe")
+    shared = audit_worker.audit_job({"record": fatal})
+    assert set(shared) == {"infrastructure_error"} and "MPS" in shared["infrastructure_error"]
+    assert audit_worker.audit_job({"record": clean}) is clean  # only fatal errors: the rest is evidence as before
+    refused = {"device": "cuda:0", "sets": [], "errors": [{"phase": "load:original",
+                                                            "error": "RuntimeError: CUDA error: MPS client failed to "
+                                                                     "connect to the MPS control daemon"}]}
+    assert "infrastructure_error" in audit_worker.audit_job({"record": refused})
