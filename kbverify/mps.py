@@ -44,8 +44,7 @@ class MpsState:
 
 
 @contextmanager
-def private_mps(folder: Path, *, probe: Sequence[str] | None = None, control: str = CONTROL,
-                base_env: dict[str, str] | None = None) -> Iterator[MpsState]:
+def private_mps(folder: Path, *, probe: Sequence[str] | None = None, control: str = CONTROL) -> Iterator[MpsState]:
     """A private MPS daemon for the duration of the block, or a state saying why there is none."""
     binary = shutil.which(control)
     if binary is None:
@@ -55,7 +54,7 @@ def private_mps(folder: Path, *, probe: Sequence[str] | None = None, control: st
     extra = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
     for path in extra.values():
         Path(path).mkdir(parents=True, exist_ok=True)
-    env = {**(os.environ if base_env is None else base_env), **extra}
+    env = {**os.environ, **extra}
     started = _run([binary, "-d"], env, CONTROL_TIMEOUT_S)
     if started.returncode != 0:
         yield MpsState(False, f"{control} -d exited {started.returncode}: {_tail(started)}")
@@ -100,7 +99,8 @@ def _server_starts(control_log: Path) -> int:
         text = control_log.read_text(errors="replace")
     except OSError:
         return 0
-    return sum("new server" in line.lower() for line in text.splitlines())
+    # "Starting new server N for user U" (the daemon's own line; "NEW SERVER N: Ready" follows it)
+    return sum("starting new server" in line.lower() for line in text.splitlines())
 
 
 def _run(command: list[str], env: dict, timeout_s: float, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -20,25 +20,26 @@ PROBE_NEEDS_THE_PIPE = (sys.executable, "-c", "import os, sys; "
                         "sys.exit(0 if os.path.isdir(os.environ['CUDA_MPS_PIPE_DIRECTORY']) else 3)")
 
 
-def _fake_control(folder: Path, *, start_rc: int = 0, servers: str = "4242", log_line: str = "") -> Path:
-    """An `nvidia-cuda-mps-control` stand-in: `-d` exits start_rc; on stdin, `get_server_list` prints `servers`;
-    every call is appended to calls.txt with the pipe folder it was given."""
+def _fake_control(folder: Path, *, start_rc: int = 0, servers: str = "4242", log_lines: tuple = ()) -> Path:
+    """An `nvidia-cuda-mps-control` stand-in: `-d` exits start_rc (after writing `log_lines` to the daemon's log);
+    on stdin, `get_server_list` prints `servers`; every call is appended to calls.txt with the pipe folder it was
+    given."""
     bin_dir = folder / "bin"
     bin_dir.mkdir(parents=True)
     script = bin_dir / CONTROL
-    script.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        calls="{folder}/calls.txt"
-        if [ "$1" = "-d" ]; then
-          echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
-          [ -n "{log_line}" ] && echo "{log_line}" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
-          exit {start_rc}
-        fi
-        read command
-        echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"
-        [ "$command" = "get_server_list" ] && [ -n "{servers}" ] && echo "{servers}"
-        exit 0
-        """))
+    logged = "".join(f'  echo "{line}" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"\n' for line in log_lines)
+    script.write_text(
+        "#!/bin/sh\n"
+        f'calls="{folder}/calls.txt"\n'
+        'if [ "$1" = "-d" ]; then\n'
+        '  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"\n'
+        f"{logged}"
+        f"  exit {start_rc}\n"
+        "fi\n"
+        "read command\n"
+        'echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"\n'
+        f'[ "$command" = "get_server_list" ] && [ -n "{servers}" ] && echo "{servers}"\n'
+        "exit 0\n")
     script.chmod(0o755)
     return bin_dir
 
@@ -90,7 +91,9 @@ def test_without_a_working_server_the_copies_run_as_before_and_no_daemon_is_left
 
 
 def test_a_server_that_left_with_its_client_counts_by_the_daemons_log(tmp_path, monkeypatch):
-    bin_dir = _fake_control(tmp_path, servers="", log_line="[2026-11-30 05:00:00.000 Control 77] Starting new server 99 for user 1000")
+    bin_dir = _fake_control(tmp_path, servers="", log_lines=(
+        "[2026-11-30 05:00:00.000 Control 77] Starting new server 99 for user 1000",
+        "[2026-11-30 05:00:00.100 Control 77] NEW SERVER 99: Ready"))
     monkeypatch.setenv("PATH", _env(bin_dir)["PATH"])
     with private_mps(tmp_path / "mps", probe=PROBE_NEEDS_THE_PIPE) as state:
         assert state.used and "1 server start" in state.reason
