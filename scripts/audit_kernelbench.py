@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -201,7 +202,7 @@ def main() -> int:
         if args.peaks is not None:
             print(update_peaks(args.peaks, Path(f"{args.out_prefix}.partial.jsonl"), _fingerprint(args)))
     if needs is not None:
-        print(f"\ncopies sharing a GPU: {args.per_gpu}; {sharing.describe()}")
+        print(f"\ncopies per device: {args.per_gpu}; {sharing.describe()}")
     print(f"\nwrote {args.out_prefix}.json and {args.out_prefix}.md")
     print(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     return 0
@@ -453,11 +454,18 @@ def _sharing(args):
         yield MpsState(False, "--no-mps" if not args.mps else f"device {args.device}")
         return
     previous = signal.signal(signal.SIGTERM, _terminated)
+    # A short private folder: the daemon's sockets must fit a Unix socket path (108 bytes), which a deep
+    # OUT_PREFIX may not. Its log is kept beside the results.
+    folder = Path(tempfile.mkdtemp(prefix="kbv-mps-"))
     try:
-        with private_mps(Path(f"{args.out_prefix}.mps-{os.getpid()}")) as state:
+        with private_mps(folder) as state:
             yield state
     finally:
         signal.signal(signal.SIGTERM, previous)
+        control_log = folder / "log" / "control.log"
+        if control_log.exists():
+            shutil.copyfile(control_log, f"{args.out_prefix}.mps-control.log")
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _terminated(signum, frame):

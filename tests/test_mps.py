@@ -130,3 +130,5 @@ def test_a_terminated_audit_still_tells_its_daemon_to_quit(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 128 + signal.SIGTERM
     assert _calls(tmp_path) == ["start", "get_server_list", "quit"]
+    pipe = Path((tmp_path / "calls.txt").read_text().split()[1])
+    assert len(str(pipe / "control")) < 108 and not pipe.parent.exists()  # short, and removed with the run
