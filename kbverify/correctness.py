@@ -5,8 +5,10 @@ be recomputed under another protocol without a GPU (`kbverify rejudge`).
 Verified rule (SPEC §2): element-wise |c − r| ≤ atol + rtol·|r| AND norm-wise ‖c − r‖/‖r‖ ≤ norm_rtol against the
 exact-fp32 reference. Because the verified baseline runs with TF32, a candidate exactly as accurate as that baseline
 must pass: where the baseline's own error is not negligible, the candidate may err up to `baseline_allowance` times
-the baseline's error, norm-wise and in the element-wise worst case. Zeros on a tiny-magnitude output have a
-norm-wise error of 1.0 and fail whatever the magnitudes.
+the baseline's error, norm-wise and in the element-wise worst case. Likewise an honest fp32 kernel that sums in
+another order: where the exact reference's own rounding (against a float64 run) is not negligible, the candidate
+may err up to ROUNDING_ALLOWANCE times it. Zeros on a tiny-magnitude output have a norm-wise error of 1.0 and fail
+whatever the magnitudes.
 """
 
 from __future__ import annotations
@@ -253,9 +255,8 @@ def judge_set(comparison: dict, baseline: dict | None, protocol, reference_error
             return "incorrect", f"{where}expected dtype {part['ref_dtype']}, got {part['cand_dtype']}", False
         if part["nonfinite_mismatch"]:
             return "incorrect", f"{where}{part['nonfinite_mismatch']} non-finite values differ from the reference", False
-        base_part = _worse(_baseline_part(baseline, index), _precision_only(_baseline_part(reference_error, index)),
-                           protocol)
-        ok, detail, used = _judge_tensor(part, base_part, protocol)
+        bases = _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index), protocol)
+        ok, detail, used = _judge_tensor(part, bases, protocol)
         allowance_used |= used
         if not ok:
             return "incorrect", where + detail, False
@@ -269,13 +270,24 @@ def _precision_only(part: dict | None) -> dict | None:
     return part if part is not None and part["norm_rel"] <= PRECISION_ERROR_CAP else None
 
 
-def _worse(first: dict | None, second: dict | None, protocol) -> dict | None:
-    """Of two error summaries, the one with the larger error at the protocol's tolerance."""
-    if first is None or second is None:
-        return first or second
-    key = grid_key(protocol.atol)
-    score = lambda part: max(part["grid"][key]["max_ratio"], part["norm_rel"] / max(protocol.norm_rtol or 1e-3, 1e-12))
-    return first if score(first) >= score(second) else second
+# The fp32 reference's own error against float64 measures how lucky one summation order was, not a precision: an
+# fp32 kernel summing in another order can land several times further off, while anything computed in bf16 or fp16
+# lands thousands of times further (2^16 and 2^13 coarser). Measured on the CPU, an honest im2col convolution on
+# the wide-range set was ×1.44 of the element limit away from float64 where the reference was ×0.217 (6.6×) and
+# ×1.25 away from the reference; the TF32 baseline's factor (4) would fail it. The TF32 baseline is only 2^3
+# finer than bf16, so its factor stays small.
+ROUNDING_ALLOWANCE = 16.0
+
+
+def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol) -> list[tuple[dict, float, str]]:
+    """(error summary, factor, name) of each base a candidate may be judged against instead of the plain limits:
+    the TF32 baseline's error with the protocol's factor, the reference's own rounding with ROUNDING_ALLOWANCE."""
+    if protocol.rule != "verified" or not protocol.baseline_allowance:
+        return []
+    bases = [(tf32, protocol.baseline_allowance, "TF32 baseline")] if tf32 is not None else []
+    if _precision_only(rounding) is not None:
+        bases.append((rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64"))
+    return bases
 
 
 def _baseline_part(baseline: dict | None, index: int) -> dict | None:
@@ -287,20 +299,17 @@ def _baseline_part(baseline: dict | None, index: int) -> dict | None:
 
 # Measured on the CPU: an honest im2col convolution on the wide-range set erred 2.7× as much as the fp32 reference
 # it was compared with (×1.04 of the element limit against the reference's ×0.385 against float64). Two
-# computations with independent rounding differ by more than either's own error, so a baseline using a quarter of
-# the limit is already close enough to it for an honest kernel to cross.
-ALLOWANCE_ONSET = 0.25
+# computations with independent rounding differ by more than either's own error, so a base using a quarter of
+# the limit (1/factor in general) is already close enough to it for an honest kernel to cross.
+def _base_near_limit(base: dict, factor: float, key: str, protocol) -> bool:
+    """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from 1/factor of the
+    limit on, so an honest kernel summing in another order is not failed where the base barely passes. Below
+    that the allowance (factor × the base's error) would not exceed the plain limit anyway."""
+    onset = 1.0 / factor
+    return base["grid"][key]["max_ratio"] > onset or base["norm_rel"] > onset * protocol.norm_rtol
 
 
-def _baseline_near_limit(base: dict, key: str, protocol) -> bool:
-    """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from a quarter of the
-    limit on, so an honest kernel summing in another order is not failed where the baseline barely passes. Below
-    that the allowance (factor × the baseline's error) would not exceed the plain limit anyway."""
-    return (base["grid"][key]["max_ratio"] > ALLOWANCE_ONSET
-            or base["norm_rel"] > ALLOWANCE_ONSET * protocol.norm_rtol)
-
-
-def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, bool]:
+def _judge_tensor(part: dict, bases: list[tuple[dict, float, str]], protocol) -> tuple[bool, str, bool]:
     key = grid_key(protocol.atol)
     element = part["grid"][key]["max_ratio"]
     worst = part.get("worst", {})
@@ -313,12 +322,11 @@ def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, b
     norm_ok = norm <= protocol.norm_rtol
     if element_ok and norm_ok:
         return True, "", False
-    if base is not None and protocol.baseline_allowance and _baseline_near_limit(base, key, protocol):
-        factor = protocol.baseline_allowance
-        base_element = base["grid"][key]["max_ratio"]
-        base_norm = base["norm_rel"]
-        within = element <= max(1.0, factor * base_element) and norm <= max(protocol.norm_rtol, factor * base_norm)
-        if within:
+    for base, factor, _ in bases:
+        if not _base_near_limit(base, factor, key, protocol):
+            continue
+        if (element <= max(1.0, factor * base["grid"][key]["max_ratio"])
+                and norm <= max(protocol.norm_rtol, factor * base["norm_rel"])):
             return True, "", True
     if part["ref_norm"] == 0.0:
         return False, (f"the reference is all zeros here and the candidate is not (max |c| = {part['max_abs_diff']:.3g}"
@@ -326,8 +334,8 @@ def _judge_tensor(part: dict, base: dict | None, protocol) -> tuple[bool, str, b
     detail = (f"norm-wise error {norm:.3g} (limit {protocol.norm_rtol:g}); element-wise worst ×{element:.3g} of "
               f"{protocol.atol:g} + {protocol.rtol:g}·|r| (ref {worst.get('ref')}, cand {worst.get('cand')} at "
               f"{worst.get('index')})")
-    if base is not None:
-        detail += (f"; allowance base (TF32 baseline or fp32 reference vs float64): norm {base['norm_rel']:.3g}, "
+    for base, factor, name in bases:
+        detail += (f"; allowance base ({name}, ×{factor:g}): norm {base['norm_rel']:.3g}, "
                    f"element ×{base['grid'][key]['max_ratio']:.3g}")
     return False, detail, False
 
@@ -347,11 +355,9 @@ def certainly_rejects(screened: dict, baseline: dict | None, protocol, reference
         if part["nonfinite_mismatch"]:
             return True
         limit = 1.0
-        if protocol.rule == "verified" and protocol.baseline_allowance:
-            base = _worse(_baseline_part(baseline, index),
-                          _precision_only(_baseline_part(reference_error, index)), protocol)
-            if base is not None:
-                limit = max(1.0, protocol.baseline_allowance * base["grid"][key]["max_ratio"])
+        for base, factor, _ in _allowance_bases(_baseline_part(baseline, index),
+                                                _baseline_part(reference_error, index), protocol):
+            limit = max(limit, factor * base["grid"][key]["max_ratio"])
         if part["max_scaled"] / tolerance > limit:
             return True
     return False

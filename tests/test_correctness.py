@@ -116,15 +116,28 @@ def _part(max_ratio: float, norm_rel: float) -> dict:
 
 
 def test_an_honest_reordering_near_a_busy_reference_passes_and_a_sloppy_kernel_does_not():
-    # the case measured on an im2col convolution: the fp32 reference uses 0.385 of the limit against float64
+    # the cases measured on an im2col convolution on the wide-range set: the fp32 reference uses 0.385 (and, in
+    # session 9, 0.217) of the limit against float64; the honest kernel was ×1.04 (×1.25) off the reference
     reference_error = {"outputs": [_part(0.385, 7e-8)]}
     honest = {"outputs": [_part(1.04, 8.5e-8)]}
     outcome, _, allowance = judge_set(honest, None, VERIFIED, reference_error)
     assert outcome == "passed" and allowance
-    sloppy = {"outputs": [_part(2.0, 8.5e-8)]}  # more than 4x the reference's own error
+    assert judge_set({"outputs": [_part(1.25, 8.3e-8)]}, None, VERIFIED, {"outputs": [_part(0.217, 7.3e-8)]})[0] == "passed"
+    sloppy = {"outputs": [_part(7.0, 8.5e-8)]}  # more than ROUNDING_ALLOWANCE (16) times the reference's own error
     assert judge_set(sloppy, None, VERIFIED, reference_error)[0] == "incorrect"
-    exact_reference = {"outputs": [_part(0.05, 1e-9)]}  # a reference far from the limit grants nothing
+    half_precision = {"outputs": [_part(400.0, 1e-4)]}  # bf16/fp16 rounding: thousands of times fp32's
+    assert judge_set(half_precision, None, VERIFIED, reference_error)[0] == "incorrect"
+    exact_reference = {"outputs": [_part(0.05, 1e-9)]}  # below 1/16 of the limit: it grants nothing
     assert judge_set(honest, None, VERIFIED, exact_reference)[0] == "incorrect"
+
+
+def test_the_tf32_baseline_keeps_its_own_smaller_factor():
+    """TF32 is only 2^3 finer than bf16: its error allows 4×, not the reference rounding's 16×."""
+    tf32 = {"outputs": [_part(0.385, 7e-8)]}
+    assert judge_set({"outputs": [_part(1.5, 8e-8)]}, tf32, VERIFIED)[0] == "passed"
+    assert judge_set({"outputs": [_part(2.0, 8e-8)]}, tf32, VERIFIED)[0] == "incorrect"
+    outcome, detail, _ = judge_set({"outputs": [_part(2.0, 8e-8)]}, tf32, VERIFIED, {"outputs": [_part(0.05, 1e-9)]})
+    assert outcome == "incorrect" and "TF32 baseline, ×4" in detail and "fp32 reference vs float64, ×16" in detail
 
 
 def test_low_precision_candidates_of_every_float_dtype_are_compared():
