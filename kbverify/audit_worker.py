@@ -64,10 +64,10 @@ def audit_job(payload: dict) -> dict:
         record = _audit(payload)
     except _OutOfMemory as error:
         return {"infrastructure_error": f"out of memory, not evidence about the task: {error}"}
-    fatal = _fatal_errors(record)
-    if fatal and shared_gpu():
-        return {"infrastructure_error": "a fatal CUDA error on a GPU shared through MPS, possibly another "
-                                        f"client's, not evidence about the task: {fatal[0][:300]}"}
+    fatal = _fatal_errors(record) if shared_gpu() else []
+    if fatal:
+        return {"infrastructure_error": "a CUDA error on a GPU shared through MPS, possibly another client's "
+                                        f"fault, not evidence about the task: {fatal[0][:300]}"}
     return record
 
 
@@ -77,13 +77,15 @@ def shared_gpu() -> bool:
 
 
 def _fatal_errors(record: dict) -> list[str]:
-    """The record's errors after which the CUDA context was unusable (or the MPS server refused or dropped us)."""
+    """The record's errors that a fault of another MPS client could explain: any CUDA, cuBLAS or cuDNN error (after
+    a fault the others see it in many wordings, "unknown error" and EXECUTION_FAILED among them), or the MPS
+    server refusing or dropping us. A task's own such error recurs when it is audited again without MPS."""
     texts = [entry.get("error", "") for entry in record.get("errors", [])]
     texts += [entry.get("invalid_reason", "") for entry in record.get("sets", [])]
-    return [text for text in texts if text and (is_cuda_fatal(text) or _MPS_ERROR.search(text.lower()))]
+    return [text for text in texts if text and (is_cuda_fatal(text) or _SHARED_FAULT.search(text.lower()))]
 
 
-_MPS_ERROR = re.compile(r"\bmps\b|cudaerrormps")  # the client's connection to the MPS server failed or was cut
+_SHARED_FAULT = re.compile(r"\bmps\b|cudaerror|cuda error|cublas_status|cudnn_status|cuda_error_")
 
 
 def _audit(payload: dict) -> dict:

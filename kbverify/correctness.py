@@ -14,6 +14,7 @@ whatever the magnitudes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 TOLERANCE_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 _QUANTILE_SAMPLE = 1 << 20
@@ -277,17 +278,44 @@ def _precision_only(part: dict | None) -> dict | None:
 # ×1.25 away from the reference; the TF32 baseline's factor (4) would fail it. The TF32 baseline is only 2^3
 # finer than bf16, so its factor stays small.
 ROUNDING_ALLOWANCE = 16.0
+# The reference's rounding is large on a few outputs that cancel among large terms, not on the bulk, so that
+# allowance covers a tail only: the candidate's 99.9th percentile and its share of elements over the plain limit
+# may exceed the reference's by the same factor, and the share by this floor at most (honest im2col on the
+# wide-range sets: 0 to 1e-5 of its elements over; the reference: 0 to 1.7e-5). A review showed why: granted to
+# every element, the worst element's allowance let a kernel push 8% of its outputs off by a median 1.3%.
+ROUNDING_TAIL_FLOOR = 1e-4
 
 
-def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol) -> list[tuple[dict, float, str]]:
-    """(error summary, factor, name) of each base a candidate may be judged against instead of the plain limits:
-    the TF32 baseline's error with the protocol's factor, the reference's own rounding with ROUNDING_ALLOWANCE."""
+@dataclass(frozen=True)
+class _Allowance:
+    """An error summary the candidate may be judged against instead of the plain limits, and how."""
+
+    base: dict
+    factor: float
+    name: str
+    tail_only: bool  # the norm-wise limit stays, and the bulk of the elements must meet the plain limit
+
+
+def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol) -> list[_Allowance]:
+    """The TF32 baseline's error with the protocol's factor; the reference's own rounding with ROUNDING_ALLOWANCE,
+    for the tail of the elements."""
     if protocol.rule != "verified" or not protocol.baseline_allowance:
         return []
-    bases = [(tf32, protocol.baseline_allowance, "TF32 baseline")] if tf32 is not None else []
+    bases = [_Allowance(tf32, protocol.baseline_allowance, "TF32 baseline", False)] if tf32 is not None else []
     if _precision_only(rounding) is not None:
-        bases.append((rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64"))
+        bases.append(_Allowance(rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64", True))
     return bases
+
+
+def _within_allowance(part: dict, allowance: _Allowance, key: str, protocol) -> bool:
+    base, factor, grid, base_grid = allowance.base, allowance.factor, part["grid"][key], allowance.base["grid"][key]
+    if grid["max_ratio"] > max(1.0, factor * base_grid["max_ratio"]):
+        return False
+    if not allowance.tail_only:
+        return part["norm_rel"] <= max(protocol.norm_rtol, factor * base["norm_rel"])
+    return (part["norm_rel"] <= protocol.norm_rtol
+            and grid.get("q999_ratio", 0.0) <= max(1.0, factor * base_grid.get("q999_ratio", 0.0))
+            and grid.get("frac_over", 0.0) <= max(ROUNDING_TAIL_FLOOR, factor * base_grid.get("frac_over", 0.0)))
 
 
 def _baseline_part(baseline: dict | None, index: int) -> dict | None:
@@ -301,15 +329,16 @@ def _baseline_part(baseline: dict | None, index: int) -> dict | None:
 # it was compared with (×1.04 of the element limit against the reference's ×0.385 against float64). Two
 # computations with independent rounding differ by more than either's own error, so a base using a quarter of
 # the limit (1/factor in general) is already close enough to it for an honest kernel to cross.
-def _base_near_limit(base: dict, factor: float, key: str, protocol) -> bool:
+def _base_near_limit(allowance: _Allowance, key: str, protocol) -> bool:
     """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from 1/factor of the
     limit on, so an honest kernel summing in another order is not failed where the base barely passes. Below
     that the allowance (factor × the base's error) would not exceed the plain limit anyway."""
-    onset = 1.0 / factor
-    return base["grid"][key]["max_ratio"] > onset or base["norm_rel"] > onset * protocol.norm_rtol
+    onset = 1.0 / allowance.factor
+    return (allowance.base["grid"][key]["max_ratio"] > onset
+            or (not allowance.tail_only and allowance.base["norm_rel"] > onset * protocol.norm_rtol))
 
 
-def _judge_tensor(part: dict, bases: list[tuple[dict, float, str]], protocol) -> tuple[bool, str, bool]:
+def _judge_tensor(part: dict, bases: list[_Allowance], protocol) -> tuple[bool, str, bool]:
     key = grid_key(protocol.atol)
     element = part["grid"][key]["max_ratio"]
     worst = part.get("worst", {})
@@ -322,11 +351,8 @@ def _judge_tensor(part: dict, bases: list[tuple[dict, float, str]], protocol) ->
     norm_ok = norm <= protocol.norm_rtol
     if element_ok and norm_ok:
         return True, "", False
-    for base, factor, _ in bases:
-        if not _base_near_limit(base, factor, key, protocol):
-            continue
-        if (element <= max(1.0, factor * base["grid"][key]["max_ratio"])
-                and norm <= max(protocol.norm_rtol, factor * base["norm_rel"])):
+    for allowance in bases:
+        if _base_near_limit(allowance, key, protocol) and _within_allowance(part, allowance, key, protocol):
             return True, "", True
     if part["ref_norm"] == 0.0:
         return False, (f"the reference is all zeros here and the candidate is not (max |c| = {part['max_abs_diff']:.3g}"
@@ -334,9 +360,9 @@ def _judge_tensor(part: dict, bases: list[tuple[dict, float, str]], protocol) ->
     detail = (f"norm-wise error {norm:.3g} (limit {protocol.norm_rtol:g}); element-wise worst ×{element:.3g} of "
               f"{protocol.atol:g} + {protocol.rtol:g}·|r| (ref {worst.get('ref')}, cand {worst.get('cand')} at "
               f"{worst.get('index')})")
-    for base, factor, name in bases:
-        detail += (f"; allowance base ({name}, ×{factor:g}): norm {base['norm_rel']:.3g}, "
-                   f"element ×{base['grid'][key]['max_ratio']:.3g}")
+    for allowance in bases:
+        detail += (f"; allowance base ({allowance.name}, ×{allowance.factor:g}): norm "
+                   f"{allowance.base['norm_rel']:.3g}, element ×{allowance.base['grid'][key]['max_ratio']:.3g}")
     return False, detail, False
 
 
@@ -355,9 +381,9 @@ def certainly_rejects(screened: dict, baseline: dict | None, protocol, reference
         if part["nonfinite_mismatch"]:
             return True
         limit = 1.0
-        for base, factor, _ in _allowance_bases(_baseline_part(baseline, index),
-                                                _baseline_part(reference_error, index), protocol):
-            limit = max(limit, factor * base["grid"][key]["max_ratio"])
+        for allowance in _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index),
+                                          protocol):
+            limit = max(limit, allowance.factor * allowance.base["grid"][key]["max_ratio"])
         if part["max_scaled"] / tolerance > limit:
             return True
     return False

@@ -59,7 +59,11 @@ def private_mps(folder: Path, *, probe: Sequence[str] | None = None, control: st
     if started.returncode != 0:
         yield MpsState(False, f"{control} -d exited {started.returncode}: {_tail(started)}")
         return
-    state = _probe(binary, env, extra, DEFAULT_PROBE if probe is None else probe)
+    try:
+        state = _probe(binary, env, extra, DEFAULT_PROBE if probe is None else probe)
+    except BaseException:  # a SIGTERM (`timeout`) while probing: the daemon must not outlive the run
+        _quit(binary, env, control)
+        raise
     log.info("%s", state.describe())
     if not state.used:  # the copies run without it: no daemon left behind
         _quit(binary, env, control)

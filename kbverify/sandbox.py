@@ -240,8 +240,12 @@ def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
     try:
         for spec in specs:
             running.append(_Running(spec))
-        while not all(child.poll() for child in running):
-            # woken at once when a child ends (its sentinel), else every _POLL_S to bound output and check timeouts
+        while True:
+            ended = [child.poll() for child in running]  # every child, each time: output bounds and timeouts
+            if all(ended):
+                break
+            # woken at once when a child ends (its sentinel), else every _POLL_S; a child already collected is not
+            # waited on, since its sentinel stays ready and would make this a busy loop
             multiprocessing.connection.wait([child.process.sentinel for child in running if child.outcome is None],
                                             timeout=_POLL_S)
     finally:

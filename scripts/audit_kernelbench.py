@@ -492,7 +492,12 @@ def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None, en
         command += [f"--hidden-tests={d}" for d in args.hidden_tests]
         command += ["--no-hidden"] * args.no_hidden
         processes.append(subprocess.Popen(command, env={**os.environ, **env} if env else None))
-    codes = [process.wait() for process in processes]
+    try:
+        codes = [process.wait() for process in processes]
+    except BaseException:
+        # this script was told to stop: so are its copies, before their MPS daemon (if any) is told to quit
+        _stop(processes)
+        raise
     log.info("shards finished with exit codes %s", codes)
     merged = Path(f"{args.out_prefix}.partial.jsonl")
     merged.parent.mkdir(parents=True, exist_ok=True)
@@ -500,6 +505,18 @@ def run_shards(args, per_gpu: int, *, fresh: bool, needs: dict | None = None, en
     lines = merge_partials(merged, _shard_files(prefix), _fingerprint(args))
     log.info("merged the copies' results: %d tasks in %s", lines, merged)
     shutil.rmtree(claims, ignore_errors=True)
+
+
+def _stop(processes, grace_s: float = 10.0) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def compare_with_published(report) -> str:

@@ -3,7 +3,8 @@
 Needs a local copy of KernelBench v0.1's `src/` (given with --kb; this script downloads nothing) and the CUDA-L1
 corpus with its anchor subset. For every kernel, alternately KernelBench first or kbverify first:
   KernelBench: a fresh process times the reference with `measure_program_time` (its baseline script, before any
-  custom code, not counted in its cost), then runs `eval_kernel_against_ref(seed 42, 5 trials, 100 perf trials)`;
+  custom code, not counted in its cost), then a second fresh process runs `eval_kernel_against_ref(seed 42,
+  5 trials, 100 perf trials)`, as KernelBench runs them (--kb-baseline same-process: both in one process);
   kbverify: `python3 -m kbverify check SUB --task REF --protocol original --device cuda --json` in a fresh process.
 Builds are made beforehand for both (construct + one forward, since many kernels build lazily) and excluded.
 Writes parity.jsonl and parity.md to --out and prints the table.
@@ -229,11 +230,14 @@ def main() -> None:
 
 def latest_records(files) -> list[dict]:
     """One record per kernel: where a kernel was run again in a later file, the later record (the code being
-    measured) replaces the earlier one, in the earlier one's place."""
+    measured) replaces the earlier one, in the earlier one's place, unless it lacks one side (a run with
+    --kb-from measured kbverify alone): both sides of a record come from one session."""
     by_id: dict[str, dict] = {}
     for records in files:
         for record in records:
-            by_id[record["id"]] = record
+            complete = bool(record.get("kb_runs")) and bool(record.get("kbverify_runs"))
+            if complete or record["id"] not in by_id:
+                by_id[record["id"]] = record
     return list(by_id.values())
 
 
@@ -361,9 +365,11 @@ def _summary(results: list[dict]) -> str:
                      f"mean kbverify {statistics.mean(r['kbverify_process_s'] for r in both):.1f} s, "
                      f"mean KernelBench {statistics.mean(r['kb_process_s'] for r in both):.1f} s ({len(both)} kernels)")
         modes = [_kb_baseline_mode(r) for r in both]
-        lines.append("KernelBench's baseline timed " + ", ".join(
-            f"{'in a process of its own' if mode == 'separate' else 'first in the eval process' if mode else 'not recorded'}"
-            f" for {modes.count(mode)}" for mode in sorted(set(modes), key=str)) + " of them")
+        where = {"separate": "timed in a process of its own", "same-process": "timed first in the eval process",
+                 None: "not recorded"}
+        lines.append("KernelBench's baseline: " + ", ".join(
+            f"{where[mode]} for {modes.count(mode)}" for mode in sorted(set(modes), key=str))
+            + f" (of {len(modes)} kernels)")
     live = [(r["kbverify_process_s"], statistics.median(k["process_s"] + k["baseline_s"] for k in r["kb_runs"]))
             for r in both if r.get("kb_runs") and all("baseline_s" in k for k in r["kb_runs"])]
     if live:

@@ -131,6 +131,25 @@ def test_an_honest_reordering_near_a_busy_reference_passes_and_a_sloppy_kernel_d
     assert judge_set(honest, None, VERIFIED, exact_reference)[0] == "incorrect"
 
 
+def test_the_reference_rounding_allowance_covers_a_tail_of_the_elements_not_all_of_them():
+    """A review's exploit: granted to every element, the worst element's allowance let a kernel push 8% of its
+    outputs off by a median 1.3% on the wide-range set. The candidate's share of elements over the plain limit and
+    its 99.9th percentile may exceed the reference's own by the factor (the share by ROUNDING_TAIL_FLOOR) only,
+    and the norm-wise limit is not relaxed."""
+    def part(max_ratio, norm_rel, q999, frac_over):
+        summary = _part(max_ratio, norm_rel)
+        summary["grid"]["0.001"].update(q999_ratio=q999, frac_over=frac_over)
+        return {"outputs": [summary]}
+
+    reference = part(0.5, 7e-8, 0.02, 1.7e-5)
+    assert judge_set(part(1.4, 8e-8, 0.03, 1e-5), None, VERIFIED, reference)[0] == "passed"  # honest im2col
+    assert judge_set(part(7.0, 2.1e-4, 2.6, 8.2e-2), None, VERIFIED, reference)[0] == "incorrect"  # the exploit
+    assert judge_set(part(7.0, 2.1e-4, 0.5, 8.2e-2), None, VERIFIED, reference)[0] == "incorrect"  # its share alone
+    assert judge_set(part(7.0, 2.1e-4, 2.6, 5e-5), None, VERIFIED, reference)[0] == "incorrect"  # its percentile
+    loose = part(0.5, 9.9e-3, 0.02, 1.7e-5)  # a float64 rerun this far off still counts as precision (cap 1e-2)
+    assert judge_set(part(1.4, 0.155, 0.03, 1e-5), None, VERIFIED, loose)[0] == "incorrect"  # norm not relaxed
+
+
 def test_the_tf32_baseline_keeps_its_own_smaller_factor():
     """TF32 is only 2^3 finer than bf16: its error allows 4×, not the reference rounding's 16×."""
     tf32 = {"outputs": [_part(0.385, 7e-8)]}

@@ -132,3 +132,26 @@ def test_a_terminated_audit_still_tells_its_daemon_to_quit(tmp_path):
     assert _calls(tmp_path) == ["start", "get_server_list", "quit"]
     pipe = Path((tmp_path / "calls.txt").read_text().split()[1])
     assert len(str(pipe / "control")) < 108 and not pipe.parent.exists()  # short, and removed with the run
+
+
+def test_a_run_cut_while_probing_still_tells_the_daemon_to_quit(tmp_path):
+    """SIGTERM arriving during the probe (which may take minutes on a busy GPU) must not leave the daemon behind."""
+    bin_dir = _fake_control(tmp_path)
+    code = textwrap.dedent(f"""\
+        import signal, sys
+        from kbverify.mps import private_mps
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        print("probing", flush=True)
+        with private_mps({str(tmp_path / 'mps')!r}, probe=({sys.executable!r}, "-c", "import time; time.sleep(30)")):
+            pass
+        """)
+    process = subprocess.Popen([sys.executable, "-c", code], env=_env(bin_dir), cwd=REPO, stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "probing"
+    deadline = time.monotonic() + 20
+    while _calls(tmp_path) != ["start"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside the probe now
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _calls(tmp_path) == ["start", "quit"]

@@ -55,16 +55,22 @@ def test_running_needs_the_kernelbench_copy_and_says_so():
 
 
 def test_a_kernel_run_again_later_is_reported_once_from_the_later_file(tmp_path):
-    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    first.write_text(json.dumps(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0)) + "\n"
-                     + json.dumps(_record("k2", [2.0, 2.02], [2.5, 2.5], 10.0, 5.0)) + "\n")
-    second.write_text(json.dumps(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 3.0)) + "\n")
+    def measured(record: dict) -> dict:
+        return {**record, "kb_runs": [{"process_s": record["kb_process_s"]}]}
+
+    first, second, kbverify_only = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    first.write_text(json.dumps(measured(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 6.0))) + "\n"
+                     + json.dumps(measured(_record("k2", [2.0, 2.02], [2.5, 2.5], 10.0, 5.0))) + "\n")
+    second.write_text(json.dumps(measured(_record("k1", [1.0, 1.1], [1.05, 1.06], 4.0, 3.0))) + "\n")
+    # a run with --kb-from measured kbverify alone: it must not replace a record with both sides
+    kbverify_only.write_text(json.dumps({**_record("k2", [2.0, 2.02], [2.5, 2.5], 10.0, 1.0), "kb_runs": []}) + "\n")
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
-                          str(first), str(second)], capture_output=True, text=True, timeout=60)
+                          str(first), str(second), str(kbverify_only)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     rows = [line for line in run.stdout.splitlines() if line.startswith("| k")]
     assert [row.split(" | ")[0] for row in rows] == ["| k1", "| k2"]  # once each, in first-seen order
     assert rows[0].rstrip(" |").endswith("3.000") and "kernels: 2;" in run.stdout  # k1's later cost, 3.0 s
+    assert rows[1].rstrip(" |").endswith("5.000")  # k2 keeps the record with both sides
 
 
 def test_kernelbench_baseline_runs_in_a_process_of_its_own_unless_asked_otherwise(tmp_path):
@@ -88,4 +94,4 @@ def test_kernelbench_baseline_runs_in_a_process_of_its_own_unless_asked_otherwis
     path.write_text(json.dumps(record) + "\n")
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "parity_kernelbench.py"), "--table-from",
                           str(path)], capture_output=True, text=True, timeout=60)
-    assert "KernelBench's baseline timed in a process of its own for 1 of them" in run.stdout, run.stdout
+    assert "KernelBench's baseline: timed in a process of its own for 1 (of 1 kernels)" in run.stdout, run.stdout

@@ -162,3 +162,19 @@ def test_the_extension_watch_waits_for_the_submission_to_import_cpp_extension():
     done = subprocess.run([sys.executable, "-c", _WATCH_PROBE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+def test_the_parent_waits_without_spinning_while_a_second_child_outlives_the_first():
+    """The parent wakes when a child ends; one that has ended and been collected must not keep waking it (its
+    exit sentinel stays ready), or the parent burns a core for as long as the other child runs."""
+    from kbverify.sandbox import ChildSpec, run_children
+
+    quick = ChildSpec("build", {"submission_source": "x = 1\n", "device": "cpu"}, timeout_s=30.0)
+    slow = ChildSpec("build", {"submission_source": "import time\ntime.sleep(2.0)\n", "device": "cpu"},
+                     timeout_s=30.0)
+    for specs in ([slow, quick], [quick, slow]):
+        started_cpu, started = time.process_time(), time.monotonic()
+        outcomes = run_children(specs)
+        assert all(o.result and o.result["ok"] for o in outcomes)
+        assert time.monotonic() - started >= 2.0
+        assert time.process_time() - started_cpu < 0.5, "the parent spun while waiting"
