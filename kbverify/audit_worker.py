@@ -58,13 +58,13 @@ def _stop_if_out_of_memory(error: BaseException) -> None:
 def audit_job(payload: dict) -> dict:
     """The raw audit of one task; out of memory anywhere ends it as an infrastructure error (run it again with the
     device to itself), never as evidence such as an invalid set or a null kernel that could not run. So does a
-    fatal CUDA error on a GPU shared through MPS (`shared_gpu`): there any client's fault reaches every client,
-    with nothing saying whose it was, so the task is audited again on a GPU of its own."""
+    CUDA error on a GPU shared through MPS (`shared_gpu`): there any client's fault reaches every client, with
+    nothing saying whose it was, so the task is audited again without MPS."""
     try:
         record = _audit(payload)
     except _OutOfMemory as error:
         return {"infrastructure_error": f"out of memory, not evidence about the task: {error}"}
-    fatal = _fatal_errors(record) if shared_gpu() else []
+    fatal = _shared_gpu_faults(record) if shared_gpu() else []
     if fatal:
         return {"infrastructure_error": "a CUDA error on a GPU shared through MPS, possibly another client's "
                                         f"fault, not evidence about the task: {fatal[0][:300]}"}
@@ -76,7 +76,7 @@ def shared_gpu() -> bool:
     return bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
-def _fatal_errors(record: dict) -> list[str]:
+def _shared_gpu_faults(record: dict) -> list[str]:
     """The record's errors that a fault of another MPS client could explain: any CUDA, cuBLAS or cuDNN error (after
     a fault the others see it in many wordings, "unknown error" and EXECUTION_FAILED among them), or the MPS
     server refusing or dropping us. A task's own such error recurs when it is audited again without MPS."""

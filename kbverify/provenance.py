@@ -84,6 +84,11 @@ def _nvidia_smi() -> dict:
         return {}
 
 
+def gpu_model() -> str | None:
+    """The first GPU's name as nvidia-smi gives it (the name torch reports), or None when it cannot say."""
+    return _nvidia_smi().get("gpu_model") or None
+
+
 def compat_key(info: dict) -> str:
     return "|".join(f"{field}={info.get(field)}" for field in COMPAT_FIELDS)
 

@@ -51,6 +51,7 @@ from kbverify.footprint import (AUDIT_MEMORY_FACTOR, Footprint, audit_need_bytes
                                 estimate_footprints, recorded_peaks)
 from kbverify.mps import MpsState, private_mps  # noqa: E402
 from kbverify.protocols import parse_protocols  # noqa: E402
+from kbverify.provenance import gpu_model  # noqa: E402
 from kbverify.sandbox import start_early  # noqa: E402
 from kbverify.tasks import load_task_dir  # noqa: E402
 
@@ -324,7 +325,7 @@ def memory_needs(args, tasks) -> dict:
                                                   indent=0))
     fingerprint = _fingerprint(args)
     peaks = read_peaks(args.peaks, fingerprint=fingerprint,
-                       gpu=gpu_name() if args.peaks and args.device.startswith("cuda") else None)
+                       gpu=gpu_model() if args.peaks and args.device.startswith("cuda") else None)
     needs = {t.key: audit_need_bytes(cached.get(t.sha256), args.memory_factor,
                                      recorded_peak_bytes=peaks["peaks_reserved_bytes"].get(t.sha256))
              for t in tasks}
@@ -381,17 +382,6 @@ def update_peaks(path: Path, partial: Path, fingerprint: str) -> str:
     temporary.write_text(text)
     os.replace(temporary, path)
     return f"peaks: {len(new)} recorded on {gpu} written to {path} ({len(merged)} tasks in all)"
-
-
-def gpu_name() -> str | None:
-    """The first GPU's name as nvidia-smi gives it (the name torch reports), or None when it cannot say."""
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    name = done.stdout.strip().splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else ""
-    return name or None
 
 
 def _read_footprints(path: Path | None) -> dict:

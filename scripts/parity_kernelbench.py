@@ -26,8 +26,8 @@ from pathlib import Path
 # scripts/generate_baseline_time.py), and the eval. KernelBench itself times the baseline in a run of its own and
 # reads it back from a JSON; with --kb-baseline separate (the default) so does this script, so the eval process is
 # what issue 2 counts: a fresh process and eval_kernel_against_ref, which brings up cuBLAS/cuDNN and loads the
-# reference's kernels itself. --kb-baseline same-process runs the baseline first in the eval's process (sessions
-# 7-9's records), which leaves those warm for the eval and outside the cost.
+# reference's kernels itself. --kb-baseline same-process runs the baseline first in the eval's process (the
+# records of sessions 7-8 and of session 9's call 9b), which leaves those warm for the eval and outside the cost.
 KB_PRELUDE = r'''
 import json, sys, time, os
 started = float(sys.argv[5])
