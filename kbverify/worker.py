@@ -5,6 +5,7 @@ Everything here runs inside a sandboxed child (kbverify.sandbox); the parent nev
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import os
 import sys
@@ -194,6 +195,45 @@ def _failure_record(args, kwargs):
     return Path(root) / ".kbverify-failed-builds" / f"{key}.txt"
 
 
+_BUILD_FLOCK = ".kbverify-build.flock"
+_builder_depth = 0
+
+
+@contextlib.contextmanager
+def _sole_builder(build_directory: str | None):
+    """Builds of one submission take turns under an flock, and the one holding it clears torch's `lock` files.
+
+    torch's extension builder marks a build in progress with a `lock` file and waits, without limit, for one it
+    finds to go. A worker killed mid-build (its timeout, a cut run) leaves that file behind, and every later
+    build of the same submission would then hang until its own timeout: a `timed_out` verdict that is the
+    verifier's fault. The flock dies with its process, so under it any `lock` file is such a leftover."""
+    global _builder_depth
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None or _builder_depth:  # a nested loader already holds it (flock does not nest)
+        _builder_depth += 1
+        try:
+            yield
+        finally:
+            _builder_depth -= 1
+        return
+    import fcntl
+    from pathlib import Path
+
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / _BUILD_FLOCK, "a") as flock:
+        fcntl.flock(flock, fcntl.LOCK_EX)
+        _builder_depth += 1
+        try:
+            leftovers = list(Path(root).glob("*/lock"))
+            if build_directory:
+                leftovers.append(Path(build_directory) / "lock")
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
+            yield
+        finally:
+            _builder_depth -= 1
+
+
 _CPP_EXTENSION = "torch.utils.cpp_extension"
 
 
@@ -297,7 +337,8 @@ class ExtensionWatch:
                 watch.errors.append(message)
                 raise RuntimeError(message)
             try:
-                module = original(*args, **kwargs)
+                with _sole_builder(kwargs.get("build_directory")):
+                    module = original(*args, **kwargs)
             except BaseException as error:
                 watch.errors.append(short_error(error, 6000))
                 if failure_file is not None and isinstance(error, Exception):

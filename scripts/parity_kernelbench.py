@@ -275,13 +275,25 @@ def _run_kb(args, env: dict, folder: Path) -> dict:
 
 
 def _kb_process(args, env: dict, folder: Path, script: str) -> dict:
+    _clear_stale_build_locks(folder / "kb_build")
     t0 = time.time()
-    run = subprocess.run([sys.executable, "-c", KB_SCRIPTS[script], str(args.kb.resolve()), str(folder / "ref.py"),
-                          str(folder / "custom.py"), str(folder / "kb_build"), str(t0)], env=env,
-                         capture_output=True, text=True, timeout=args.timeout)
-    result = _kb_result(run.stdout) or {"error": run.stderr[-500:]}
+    try:
+        run = subprocess.run([sys.executable, "-c", KB_SCRIPTS[script], str(args.kb.resolve()),
+                              str(folder / "ref.py"), str(folder / "custom.py"), str(folder / "kb_build"), str(t0)],
+                             env=env, capture_output=True, text=True, timeout=args.timeout)
+        result = _kb_result(run.stdout) or {"error": run.stderr[-500:]}
+    except subprocess.TimeoutExpired:
+        result = {"error": f"KernelBench's process ran past {args.timeout} s"}
     result["process_s"] = time.time() - t0
     return result
+
+
+def _clear_stale_build_locks(build_dir: Path) -> None:
+    """torch's extension builder holds `lock` in the build folder while it compiles and waits forever on one it
+    finds. Rows run one at a time, so a lock present before a run was left by a run that was killed mid-build
+    (a cut call); left in place it hangs every later KernelBench run of that kernel."""
+    for lock in build_dir.glob("**/lock"):
+        lock.unlink(missing_ok=True)
 
 
 def _run_kbverify(args, env: dict, folder: Path) -> dict:

@@ -1,7 +1,9 @@
 """The child process boundary: timeouts, crashes, floods and stray grandchildren are contained."""
 
+import dataclasses
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -178,3 +180,26 @@ def test_the_parent_waits_without_spinning_while_a_second_child_outlives_the_fir
         assert all(o.result and o.result["ok"] for o in outcomes)
         assert time.monotonic() - started >= 2.0
         assert time.process_time() - started_cpu < 0.5, "the parent spun while waiting"
+
+
+@pytest.mark.slow
+def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(tmp_path):
+    """torch waits without limit on a `lock` file in an extension's build folder; a worker killed mid-build
+    leaves one. The next check of that submission must build and pass, not wait out its timeout and be blamed."""
+    from kbverify.protocols import ORIGINAL
+    from kbverify.runner import CheckOptions, build_env, check
+    from kbverify.submissions import load_submission
+    from kbverify.tasks import load_task
+
+    repo = Path(__file__).resolve().parent.parent
+    task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
+    submission = load_submission(repo / "tests/corpus/honest/relu_cpp_extension.py")
+    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=tmp_path / "builds")
+    assert check(task, submission, ORIGINAL, options).status.value == "passed"
+    extensions = Path(build_env(submission, options)["TORCH_EXTENSIONS_DIR"])
+    stale = extensions / "kbverify_relu_cpp" / "lock"
+    assert stale.parent.is_dir()
+    stale.touch()
+    retry = check(task, submission, ORIGINAL, dataclasses.replace(options, timeout_s=60.0))
+    assert retry.status.value == "passed", retry.message[:500]
+    assert not stale.exists()
