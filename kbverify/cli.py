@@ -142,6 +142,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
         _emit(summary)
     else:
         sys.stdout.write(summary["text"])
+    if not summary["complete"]:
+        raise typer.Exit(3)  # the job is not done: units an infrastructure error left without a verdict
 
 
 @app.command()
@@ -162,6 +164,8 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
         _emit(result["json"])
     else:
         sys.stdout.write(result["text"])
+    if not result["json"]["complete"]:
+        raise typer.Exit(3)  # fast_p over fewer units than the runs planned
 
 
 @app.command()
@@ -201,8 +205,10 @@ def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--o
     _setup_logging(False)
     from kbverify import jobs
 
-    paths = jobs.run_report(store, out)
-    sys.stdout.write("".join(f"{kind}: {path}\n" for kind, path in paths.items()))
+    result = jobs.run_report(store, out)
+    sys.stdout.write(result["text"])
+    if not result["complete"]:
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -227,7 +233,10 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
     _setup_logging(verbose)
     from kbverify import jobs
 
-    sys.stdout.write(jobs.run_demo(out)["text"])
+    result = jobs.run_demo(out)
+    sys.stdout.write(result["text"])
+    if not result["complete"]:
+        raise typer.Exit(3)
 
 
 def main() -> None:

@@ -107,10 +107,16 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
             summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
                               options=options, arguments=arguments)
         # This source's units only: a store may also hold other runs' verdicts.
-        planned = {unit.key for unit in plan_units(entries, chosen)}
-        verdicts = [v for key, v in store.verdicts() if key in planned]
+        units = plan_units(entries, chosen)
+        planned = {unit.key for unit in units}
+        stored = {key: v for key, v in store.verdicts() if key in planned}
+    verdicts = list(stored.values())
+    # A unit an infrastructure error left without a verdict counts neither way, so the tables cover fewer tasks
+    # than the run has: said first and last, and the command exits 3, so the numbers are not taken for final.
+    missing = [f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in units if unit.key not in stored]
+    incomplete = incomplete_line(len(missing), len(planned)) if missing else ""
     tables = tables_by_protocol(verdicts, P_VALUES, samples, exclude)
-    text = present.render_fast_p(tables, P_VALUES)
+    text = incomplete + present.render_fast_p(tables, P_VALUES)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")
     text += _changes_text(verdicts)
@@ -120,12 +126,15 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     if report_dir is not None:
         from kbverify.report import write_reports
 
-        paths = write_reports(verdicts, report_dir, title=title or f"kbverify re-score of {source.name}",
-                              samples=samples)
+        title = title or f"kbverify re-score of {source.name}"
+        if missing:
+            title += f" (INCOMPLETE: {len(missing)} of {len(planned)} units without a verdict)"
+        paths = write_reports(verdicts, report_dir, title=title, samples=samples)
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
+    text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
-            "reports": {k: str(v) for k, v in paths.items()}}
+            "complete": not missing, "missing_units": missing, "reports": {k: str(v) for k, v in paths.items()}}
 
 
 def _require_distinct_samples(entries) -> None:
@@ -188,12 +197,23 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
     elif source.suffix in (".sqlite", ".db") or _is_sqlite(source):
         with Store(source) as store:
             verdicts = [v for _, v in store.verdicts()]
+            missing = store.units_without_verdict()
         tables = tables_by_protocol(verdicts, ps, samples, exclude)
+        text = present.render_fast_p(tables, ps)
+        if missing:
+            text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text
+        return {"text": text, "json": {"tables": tables, "complete": not missing, "missing_units": missing}}
     else:
         rows = score.read_score_jsonl(source)
         tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples or "first",
                                                                  exclude=exclude))}
-    return {"text": present.render_fast_p(tables, ps), "json": {"tables": tables}}
+    return {"text": present.render_fast_p(tables, ps), "json": {"tables": tables, "complete": True}}
+
+
+def incomplete_line(missing: int, planned: int) -> str:
+    return (f"INCOMPLETE: {missing} of {planned} units have no verdict (infrastructure errors or a cut run, not "
+            f"counted against the kernels); the fast_p tables cover only the units evaluated. Run the rescore "
+            f"again to retry them.\n")
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -227,9 +247,15 @@ def run_report(store_path: Path, out: Path) -> dict:
     with Store(store_path) as store:
         verdicts = [v for _, v in store.verdicts()]
         runs = store.runs()
+        missing = store.units_without_verdict()
     if not verdicts:
         raise InputError(f"{store_path}: the store holds no verdicts")
-    return write_reports(verdicts, out, provenance={"runs": runs})
+    title = {"title": f"kbverify report (INCOMPLETE: {len(missing)} units without a verdict)"} if missing else {}
+    paths = write_reports(verdicts, out, provenance={"runs": runs}, **title)
+    text = "".join(f"{kind}: {path}\n" for kind, path in paths.items())
+    if missing:
+        text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text
+    return {"text": text, "paths": paths, "complete": not missing, "missing_units": missing}
 
 
 def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) -> dict:

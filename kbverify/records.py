@@ -29,7 +29,9 @@ class BuildRecord:
     native_sources: bool  # the source calls load_inline/load/cpp_extension
     extension_built: bool | None  # None: not attempted (no native code) or unknown
     extension_called: bool | None  # a built extension's function ran during forward
-    error_class: str | None = None  # "api_drift" | "submission_bug" | "toolchain" | "timeout"
+    # "api_drift" | "submission_bug" | "toolchain" (read like the machine's failure) | "toolchain_unconfirmed" (read
+    # so, but a probe extension built on this machine) | "timeout"
+    error_class: str | None = None
     error: str = ""
     triton: bool = False
     custom_kernels_seen: tuple[str, ...] = ()  # GPU profiler: kernels the submission defines that ran

@@ -115,9 +115,11 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
             options: CheckOptions, progress: Callable[[Progress], None] | None = None,
             build_workers: int | None = None, arguments: dict | None = None) -> RescoreSummary:
     started = time.monotonic()
-    store.begin_run(run_id, provenance_module.collect(devices[0]), arguments or {},
-                    allow_mixed=bool((arguments or {}).get("allow_mixed")))
     units = plan_units(entries, protocols)
+    # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
+    planned = {unit.key: f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in units}
+    store.begin_run(run_id, provenance_module.collect(devices[0]), {**(arguments or {}), "planned_units": planned},
+                    allow_mixed=bool((arguments or {}).get("allow_mixed")))
     todo = [unit for unit in units if not store.has(unit.key)]
     resumed = len(units) - len(todo)
     lock = threading.Lock()

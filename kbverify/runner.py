@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbverify import provenance as provenance_module
-from kbverify import stats
+from kbverify import stats, toolchain
 from kbverify.correctness import judge_set
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
@@ -180,6 +180,23 @@ def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
                        triton=static.triton)
 
 
+def _confirm_machine_failure(context: _Context, build: BuildRecord) -> BuildRecord:
+    """A build this machine cannot make (no nvcc, the compiler killed, the disk full) says nothing about the
+    submission: an infrastructure error, so the unit is retried and never scored. The build's output says so,
+    but the submission writes that output, so a trivial extension is built to confirm it (kbverify.toolchain);
+    if that builds, the failure is the submission's and stays a compile error."""
+    if build.error_class != "toolchain":
+        return build
+    last_line = (build.error.strip().splitlines() or [""])[-1][-300:]
+    reason = toolchain.cannot_build_here(context.options.device, context.env)
+    if reason is not None:
+        raise InfrastructureError(f"this machine cannot build native extensions ({reason.strip()[-300:]}); the "
+                                  f"submission's build failed with: {last_line}")
+    log.warning("%s: its build failed like a machine failure (%s), but a probe extension built here",
+                context.submission.id, last_line)
+    return dataclasses.replace(build, error_class="toolchain_unconfirmed")
+
+
 def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
     warnings: list[str] = []
     if static.syntax_error:
@@ -212,6 +229,8 @@ def _check_kernelbench(context: _Context) -> Verdict:
     if record.get("namespace_rebind"):
         warnings.append(Warn.NAMESPACE_REBIND.value)
     status, message = _kernelbench_status(record)
+    if status is Status.COMPILE_ERROR:
+        build = _confirm_machine_failure(context, build)
     timing = {"kernelbench": {key: record.get(key) for key in ("times_ms", "runtime_stats", "runtime_ms",
                                                                 "input_shapes", "error_during_performance")},
               "trials": record.get("trials"), "namespace_rebind": record.get("namespace_rebind")}
@@ -450,6 +469,7 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
                              message="tried what a worker refuses: " + ", ".join(candidate["refused"]),
                              hidden_shapes=origin, reproducer=_reproducer(protocol, secret, None))
     if candidate.get("load_error"):
+        build = _confirm_machine_failure(context, build)
         return _base_verdict(context, Status.COMPILE_ERROR, message=candidate["load_error"], build=build,
                              warnings=tuple(warnings), hidden_shapes=origin, sets=tuple(sets),
                              reproducer=_reproducer(protocol, secret, None))

@@ -93,14 +93,25 @@ def _call_name(node) -> str:
     return ""
 
 
+# The compiler ran out of the machine, not into the submission: killed (the OOM killer), out of memory or disk.
+# Only a lead: the submission writes the build's output, so kbverify.toolchain confirms it before anyone believes it.
+_HOST_RESOURCE_FAILURES = ("killed signal terminated program", "internal compiler error: killed",
+                           "died due to signal", "virtual memory exhausted", "cannot allocate memory",
+                           "out of memory allocating", "no space left on device", "disk quota exceeded",
+                           "too many open files", "[code=127]")
+
+
 def classify_build_error(text: str) -> str:
-    """Why an extension did not build: PyTorch API drift is not the submission's bug."""
+    """Why an extension did not build: PyTorch API drift is not the submission's bug, and "toolchain" (the
+    machine's compilers or resources) is not the submission's at all."""
     lowered = text.lower()
     if "timed out" in lowered or "timeout" in lowered:
         return "timeout"
     if any(marker in lowered for marker in ("nvcc: not found", "cuda_home", "no cuda runtime", "ninja is required",
                                             "command not found", "no such file or directory: 'nvcc'",
                                             "cuda_home environment variable is not set")):
+        return "toolchain"
+    if any(marker in lowered for marker in _HOST_RESOURCE_FAILURES):
         return "toolchain"
     if any(marker in lowered for marker in ("deprecated", "has no member named 'type'", "data<", ".type()",
                                             "at::type", "thcuda", "thc/thc.h", "is not a member of 'at::",

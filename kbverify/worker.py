@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import logging
 import os
 import sys
+import threading
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
 from kbverify import tasks as tasks_module
+
+log = logging.getLogger(__name__)
 
 # Where announce() records the phase for the parent (crash attribution): beside the result, outside the child's
 # working directory, so the submission's cwd does not tell it which job or phase it is in.
@@ -195,8 +200,24 @@ def _failure_record(args, kwargs):
     return Path(root) / ".kbverify-failed-builds" / f"{key}.txt"
 
 
+def _reads_like_machine_failure(text: str) -> bool:
+    from kbverify.static import classify_build_error
+
+    return classify_build_error(text) == "toolchain"
+
+
+def build_error_text(error: BaseException, limit: int = 6000) -> str:
+    """A build error's start and its end: the compiler's fatal line (the one that says why) comes last."""
+    text = f"{type(error).__name__}: {error}"
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return text[:half] + "\n...\n" + text[-half:]
+
+
 _BUILD_FLOCK = ".kbverify-build.flock"
 _builder_depth = 0
+_builder_guard = threading.RLock()  # threads of one process take turns too (the flock is per process)
 
 
 @contextlib.contextmanager
@@ -209,29 +230,51 @@ def _sole_builder(build_directory: str | None):
     verifier's fault. The flock dies with its process, so under it any `lock` file is such a leftover."""
     global _builder_depth
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None or _builder_depth:  # a nested loader already holds it (flock does not nest)
+    with _builder_guard:
+        if root is None or _builder_depth:  # a nested loader already holds it (flock does not nest)
+            _builder_depth += 1
+            try:
+                yield
+            finally:
+                _builder_depth -= 1
+            return
+        flock = _take_build_flock(root)
         _builder_depth += 1
         try:
+            if flock is not None:
+                leftovers = list(Path(root).glob("*/lock"))
+                if build_directory:
+                    leftovers.append(Path(build_directory) / "lock")
+                for leftover in leftovers:
+                    try:
+                        leftover.unlink(missing_ok=True)
+                    except OSError as error:
+                        log.warning("could not remove a leftover build lock %s: %s", leftover, error)
             yield
         finally:
             _builder_depth -= 1
-        return
-    import fcntl
-    from pathlib import Path
+            if flock is not None:
+                flock.close()  # releases the flock
 
-    Path(root).mkdir(parents=True, exist_ok=True)
-    with open(Path(root) / _BUILD_FLOCK, "a") as flock:
-        fcntl.flock(flock, fcntl.LOCK_EX)
-        _builder_depth += 1
-        try:
-            leftovers = list(Path(root).glob("*/lock"))
-            if build_directory:
-                leftovers.append(Path(build_directory) / "lock")
-            for leftover in leftovers:
-                leftover.unlink(missing_ok=True)
-            yield
-        finally:
-            _builder_depth -= 1
+
+def _take_build_flock(root: str):
+    """The open, flocked file, or None where the cache cannot hold one (read-only, full): the build then goes on
+    without it, as torch's own would, rather than failing the submission for the verifier's cache."""
+    import fcntl
+
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        handle = open(Path(root) / _BUILD_FLOCK, "a")
+    except OSError as error:
+        log.warning("no build flock in %s: %s", root, error)
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError as error:
+        handle.close()
+        log.warning("no build flock in %s: %s", root, error)
+        return None
+    return handle
 
 
 _CPP_EXTENSION = "torch.utils.cpp_extension"
@@ -332,18 +375,24 @@ class ExtensionWatch:
             started = time.monotonic()
             failure_file = _failure_record(args, kwargs)
             if failure_file is not None and failure_file.exists():
-                # The same sources and flags failed before: fail the same way without rerunning the compiler.
                 message = failure_file.read_text()
-                watch.errors.append(message)
-                raise RuntimeError(message)
+                if _reads_like_machine_failure(message):
+                    failure_file.unlink(missing_ok=True)  # remembered before machine failures were retried
+                else:
+                    # The same sources and flags failed before: fail the same way without rerunning the compiler.
+                    watch.errors.append(message)
+                    raise RuntimeError(message)
             try:
                 with _sole_builder(kwargs.get("build_directory")):
                     module = original(*args, **kwargs)
             except BaseException as error:
-                watch.errors.append(short_error(error, 6000))
-                if failure_file is not None and isinstance(error, Exception):
+                text = build_error_text(error)
+                watch.errors.append(text)
+                # a failure of the machine (compiler killed, disk full) must be retried, not remembered
+                if failure_file is not None and isinstance(error, Exception) and not _reads_like_machine_failure(
+                        f"{type(error).__name__}: {error}"):
                     failure_file.parent.mkdir(parents=True, exist_ok=True)
-                    failure_file.write_text("cached build failure: " + short_error(error, 6000))
+                    failure_file.write_text("cached build failure: " + text)
                 raise
             finally:
                 watch.build_s += time.monotonic() - started

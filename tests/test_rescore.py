@@ -301,3 +301,49 @@ def test_two_entries_claiming_the_same_sample_of_a_task_are_refused_before_any_w
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "'relu'" in result.stderr and "'relu-again'" in result.stderr
     assert _count(tmp_path / "store.sqlite") == 0
+
+
+def test_units_left_without_a_verdict_make_the_run_incomplete_and_exit_3(tmp_path, monkeypatch):
+    """An infrastructure error is not a verdict: the tables then cover fewer tasks than the run, which must be
+    said (text, JSON, report title) and must not exit 0; the next run retries those units and completes."""
+    from typer.testing import CliRunner
+
+    from kbverify import cli
+    from kbverify.errors import InfrastructureError
+
+    source = write_run(tmp_path / "run", {"1_ReLU": HONEST["1_ReLU"], "2_Double": HONEST["2_Double"]})
+    store = tmp_path / "store.sqlite"
+    evaluate = rescore_module.evaluate_unit
+
+    def failing_for_double(unit, options, store=None, lock=None):
+        if unit.entry.entry_id == "double":
+            raise InfrastructureError("the worker could not start")
+        return evaluate(unit, options, store, lock)
+
+    monkeypatch.setattr(rescore_module, "evaluate_unit", failing_for_double)
+    first = _rescore(source, store, report_dir=tmp_path / "report")
+    assert first["complete"] is False and len(first["missing_units"]) == 2
+    assert all("double" in key for key in first["missing_units"])
+    assert first["text"].startswith("INCOMPLETE: 2 of 4 units") and first["text"].rstrip().endswith("retry them.")
+    assert first["tables"]["original"]["n_tasks"] == 1
+    assert "INCOMPLETE" in json.loads(Path(first["reports"]["json"]).read_text())["title"]
+
+    protocol_file = fast_verified_file(tmp_path)
+    arguments = [str(source), "--store", str(store), "--protocol", f"original,{protocol_file}", "--device", "cpu",
+                 "--timeout", str(WORKER_TIMEOUT_S)]
+    failed = CliRunner().invoke(cli.app, ["rescore", *arguments, "--json"])
+    assert failed.exit_code == 3, failed.output[-2000:]
+    assert json.loads(failed.output)["missing_units"] == first["missing_units"]
+    # the store remembers the plan: scoring or reporting it later says the same
+    scored = CliRunner().invoke(cli.app, ["score", str(store), "--json"])
+    assert scored.exit_code == 3 and sorted(json.loads(scored.output)["missing_units"]) == sorted(
+        first["missing_units"])
+    reported = CliRunner().invoke(cli.app, ["report", str(store), "--out", str(tmp_path / "later")])
+    assert reported.exit_code == 3 and reported.output.startswith("INCOMPLETE: 2 of 4 units")
+
+    monkeypatch.setattr(rescore_module, "evaluate_unit", evaluate)
+    retried = CliRunner().invoke(cli.app, ["rescore", *arguments])
+    assert retried.exit_code == 0, retried.output[-2000:]
+    assert "INCOMPLETE" not in retried.output and "2 evaluated now" in retried.output
+    assert CliRunner().invoke(cli.app, ["score", str(store)]).exit_code == 0
+    assert CliRunner().invoke(cli.app, ["report", str(store), "--out", str(tmp_path / "final")]).exit_code == 0

@@ -203,3 +203,58 @@ def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(tmp_p
     retry = check(task, submission, ORIGINAL, dataclasses.replace(options, timeout_s=60.0))
     assert retry.status.value == "passed", retry.message[:500]
     assert not stale.exists()
+
+
+_FAILING_BUILD = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="kbverify_failing_build", cpp_sources="#error {message}\\n", functions=[], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that_only_says_so_is_not(
+        tmp_path, monkeypatch):
+    """A missing compiler says nothing about the submission: no verdict, and no remembered failure that would fail
+    every later check of it. A build whose output only claims a machine failure (the submission writes that output)
+    is checked with a probe extension, which builds, so it stays the submission's compile error."""
+    from kbverify import runner
+    from kbverify.errors import InfrastructureError
+    from kbverify.protocols import ORIGINAL
+    from kbverify.runner import CheckOptions, build_env, check
+    from kbverify.submissions import load_submission
+    from kbverify.tasks import load_task
+
+    repo = Path(__file__).resolve().parent.parent
+    task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
+    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=tmp_path / "builds")
+
+    def remembered(submission) -> Path:
+        return Path(build_env(submission, options)["TORCH_EXTENSIONS_DIR"]) / ".kbverify-failed-builds"
+
+    spoof = tmp_path / "spoof.py"
+    spoof.write_text(_FAILING_BUILD.format(message="No space left on device"))
+    verdict = check(task, load_submission(spoof), ORIGINAL, options)
+    assert verdict.status.value == "compile_error" and verdict.build.error_class == "toolchain_unconfirmed"
+    assert not remembered(load_submission(spoof)).exists()  # rebuilt next time: its cost, nobody else's
+
+    mistake = tmp_path / "mistake.py"
+    mistake.write_text(_FAILING_BUILD.format(message="a plain mistake"))
+    verdict = check(task, load_submission(mistake), ORIGINAL, options)
+    assert verdict.status.value == "compile_error" and verdict.build.error_class == "submission_bug"
+    assert any(remembered(load_submission(mistake)).iterdir())
+
+    honest = load_submission(repo / "tests/corpus/honest/relu_cpp_extension.py")
+    with_env = runner.build_env
+    monkeypatch.setattr(runner, "build_env", lambda *a: {**with_env(*a), "CXX": str(tmp_path / "no-compiler")})
+    with pytest.raises(InfrastructureError, match="cannot build native extensions"):
+        check(task, honest, ORIGINAL, options)
+    assert not remembered(honest).exists()
+    monkeypatch.setattr(runner, "build_env", with_env)
+    assert check(task, honest, ORIGINAL, options).status.value == "passed"

@@ -47,4 +47,6 @@ def test_syntax_errors_are_reported_not_raised():
 def test_build_errors_are_classified():
     assert classify_build_error("error: 'class at::Tensor' has no member named 'type'") == "api_drift"
     assert classify_build_error("CUDA_HOME environment variable is not set") == "toolchain"
+    assert classify_build_error("c++: fatal error: Killed signal terminated program cc1plus") == "toolchain"
+    assert classify_build_error("/usr/bin/ld: final link failed: No space left on device") == "toolchain"
     assert classify_build_error("kernel.cu(12): error: identifier \"blockDimx\" is undefined") == "submission_bug"

@@ -1,0 +1,50 @@
+"""Whether this machine can build a native extension at all.
+
+A submission's failed build can read like the machine's fault (no compiler, the compiler killed, the disk full),
+and that would make it an infrastructure error, never counted against the kernel. But the words are the build's
+output, which the submission controls (an `#error No space left on device` prints them), so they are believed
+only when a trivial extension, built here in a fresh folder, fails too.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from kbverify.sandbox import run_child
+
+PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
+
+_CPP_PROBE = '''from torch.utils.cpp_extension import load_inline
+
+load_inline(name="kbverify_toolchain_probe", cpp_sources="int kbverify_probe() { return 1; }",
+            functions=["kbverify_probe"], verbose=False)
+'''
+
+_CUDA_PROBE = '''from torch.utils.cpp_extension import load_inline
+
+load_inline(name="kbverify_toolchain_probe", cpp_sources="int kbverify_probe();",
+            cuda_sources="__global__ void kbverify_probe_kernel(int* x) { *x = 1; }\\n"
+                         "int kbverify_probe() { return 1; }\\n",
+            functions=["kbverify_probe"], verbose=False)
+'''
+
+
+def cannot_build_here(device: str, build_env: dict | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when a trivial extension (CUDA for a GPU device, C++ otherwise) builds on this machine, in the
+    environment the submission's build had (`build_env`); else why not.
+
+    The folder is fresh each time: a cached build would load without running a compiler, and a full disk or a
+    missing compiler may have come after it was made."""
+    source = _CUDA_PROBE if device.startswith("cuda") else _CPP_PROBE
+    with tempfile.TemporaryDirectory(prefix="kbv-probe-") as folder:
+        env = {"MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), **(build_env or {}),
+               "TORCH_EXTENSIONS_DIR": folder}
+        outcome = run_child("build", {"submission_source": source, "device": device}, timeout_s=timeout_s,
+                            device=device, env=env)
+    result = outcome.result or {}
+    if result.get("ok"):
+        return None
+    if outcome.timed_out:
+        return f"a trivial extension did not build within {timeout_s:.0f} s"
+    return result.get("error") or result.get("infrastructure_error") or f"the probe died (exit {outcome.exit_code})"
