@@ -182,8 +182,14 @@ def test_the_parent_waits_without_spinning_while_a_second_child_outlives_the_fir
         assert time.process_time() - started_cpu < 0.5, "the parent spun while waiting"
 
 
+@pytest.fixture(scope="module")
+def relu_build_cache(tmp_path_factory) -> Path:
+    """One build cache for the C++ extension tests below, so the honest extension is compiled once."""
+    return tmp_path_factory.mktemp("builds")
+
+
 @pytest.mark.slow
-def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(tmp_path):
+def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(relu_build_cache):
     """torch waits without limit on a `lock` file in an extension's build folder; a worker killed mid-build
     leaves one. The next check of that submission must build and pass, not wait out its timeout and be blamed."""
     from kbverify.protocols import ORIGINAL
@@ -194,7 +200,7 @@ def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(tmp_p
     repo = Path(__file__).resolve().parent.parent
     task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
     submission = load_submission(repo / "tests/corpus/honest/relu_cpp_extension.py")
-    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=tmp_path / "builds")
+    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=relu_build_cache)
     assert check(task, submission, ORIGINAL, options).status.value == "passed"
     extensions = Path(build_env(submission, options)["TORCH_EXTENSIONS_DIR"])
     stale = extensions / "kbverify_relu_cpp" / "lock"
@@ -220,7 +226,7 @@ class ModelNew(nn.Module):
 
 @pytest.mark.slow
 def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that_only_says_so_is_not(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, relu_build_cache):
     """A missing compiler says nothing about the submission: no verdict, and no remembered failure that would fail
     every later check of it. A build whose output only claims a machine failure (the submission writes that output)
     is checked with a probe extension, which builds, so it stays the submission's compile error."""
@@ -233,7 +239,7 @@ def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that
 
     repo = Path(__file__).resolve().parent.parent
     task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
-    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=tmp_path / "builds")
+    options = CheckOptions(device="cpu", timeout_s=120.0, build_cache=relu_build_cache)
 
     def remembered(submission) -> Path:
         return Path(build_env(submission, options)["TORCH_EXTENSIONS_DIR"]) / ".kbverify-failed-builds"
