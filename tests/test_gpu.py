@@ -192,3 +192,38 @@ def test_zeros_on_tiny_output_fail_by_the_norm_rule() -> None:
                 norm_only.append(result.set_id)
     # Element-wise every zero is within 1e-3 of a ~1e-4 output; only the norm-wise error (1.0) rejects it.
     assert norm_only, "no input set where zeros passed element-wise and failed norm-wise"
+
+
+_CUDA_BUILD_CLAIMING_A_FULL_DISK = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="kbverify_gpu_claims_full_disk", cpp_sources="torch::Tensor f(torch::Tensor x);",
+                  cuda_sources="#error No space left on device\\n", functions=["f"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+def test_cuda_builds_a_stale_lock_and_a_claimed_machine_failure(tmp_path):
+    """On the GPU's toolchain: a torch build lock left by a killed worker does not hang the next check of a CUDA
+    extension, and a CUDA build whose output only claims a full disk stays the submission's compile error once a
+    CUDA probe extension has built here."""
+    task = load_task(GPU_TASKS / "level1" / "2_ReLU_16x16384.py")
+    options = CheckOptions(device="cuda:0", timeout_s=600.0, build_cache=tmp_path / "builds")
+    honest = load_submission(GPU_CORPUS / "honest" / "relu_cuda.py")
+    assert check(task, honest, ORIGINAL, options).status is Status.PASSED
+    stale = next((tmp_path / "builds").glob("*/torch_extensions/kbverify_gpu_honest_relu")) / "lock"
+    stale.touch()
+    retry = check(task, honest, ORIGINAL, CheckOptions(device="cuda:0", timeout_s=120.0,
+                                                       build_cache=tmp_path / "builds"))
+    _record("build_lock", "relu_cuda", "original", retry)
+    assert retry.status is Status.PASSED and not stale.exists()
+
+    claims = make_submission(_CUDA_BUILD_CLAIMING_A_FULL_DISK, id="cuda_claims_full_disk")
+    verdict = check(task, claims, ORIGINAL, options)
+    _record("machine_failure_claim", "cuda_claims_full_disk", "original", verdict)
+    assert verdict.status is Status.COMPILE_ERROR and verdict.build.error_class == "toolchain_unconfirmed"
