@@ -33,6 +33,7 @@ from kbverify.tasks import Task
 log = logging.getLogger(__name__)
 
 EXCESSIVE_SPEEDUP = 10.0
+PROBE_WORKER_TIMEOUT_S = 120.0  # a fresh worker bringing up torch (and CUDA) on a busy machine
 IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
 REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes from the clean process
 UNSYNC_GAP_FRACTION = 0.2
@@ -148,12 +149,16 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
     return outcomes
 
 
-def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
+def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
     """A child that did not report: blame the candidate only if it was running candidate code."""
-    if not outcome.last_phase and not outcome.timed_out:
-        raise InfrastructureError(f"the {party} worker died before it started (exit code {outcome.exit_code}): "
-                                  f"{(outcome.output_tail or outcome.output_head).strip()[-300:]}")
     where = outcome.last_phase or "start-up"
+    if not outcome.last_phase and not outcome.timed_out:
+        # No phase recorded: it died starting up, which is ours, unless a worker starts here fine. The phase
+        # record is a file the child writes, so code running in the child can empty it before it dies.
+        if not _a_worker_starts_here(device):
+            raise InfrastructureError(f"the {party} worker died before it started (exit code {outcome.exit_code}): "
+                                      f"{(outcome.output_tail or outcome.output_head).strip()[-300:]}")
+        where = "a phase it left unrecorded (a probe worker started and finished here)"
     if outcome.timed_out:
         # the reference's own phases are never the candidate's fault, even in the candidate's worker
         blamed = where.startswith("candidate") or (party == "candidate" and not where.startswith("reference"))
@@ -166,6 +171,11 @@ def _died(outcome: ChildOutcome, party: str) -> tuple[Status, str]:
     if where.startswith("candidate") or (party == "candidate" and not where.startswith("reference")):
         return Status.CRASHED, detail
     return Status.UNVERIFIABLE, detail
+
+
+def _a_worker_starts_here(device: str) -> bool:
+    probe = run_child("probe", {"device": device}, timeout_s=PROBE_WORKER_TIMEOUT_S, device=device)
+    return not probe.died and bool(probe.result) and "infrastructure_error" not in probe.result
 
 
 def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
@@ -219,7 +229,7 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
     evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common))
     if evaluation.died:
-        status, detail = _died(evaluation, "candidate")
+        status, detail = _died(evaluation, "candidate", context.options.device)
         return _base_verdict(context, status, message=detail,
                              build=_build_record(context.static, None),
                              warnings=tuple(code_path_warnings(context.static, _build_record(context.static, None))))
@@ -330,13 +340,13 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
         candidate, judge = _run_pair(context, ("candidate", _payload(context, **flags)), ("judge", judge_payload),
                                      outdir)
         if candidate.died:
-            status, detail = _died(candidate, "candidate")
+            status, detail = _died(candidate, "candidate", context.options.device)
             build = _build_record(context.static, None)
             return _base_verdict(context, status, message=detail, build=build, hidden_shapes=origin,
                                  warnings=tuple(code_path_warnings(context.static, build)),
                                  reproducer=_reproducer(protocol, secret, None))
         if judge.died:
-            status, detail = _died(judge, "reference")
+            status, detail = _died(judge, "reference", context.options.device)
             return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
                                  hidden_shapes=origin)
     finally:
@@ -362,7 +372,10 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
     timed = _run(context, "kernelbench_candidate_timing", _payload(context, **common))
     if timed.died or "runtime_ms" not in (timed.result or {}):
-        status, detail = _died(timed, "candidate") if timed.died else (Status.RUNTIME_ERROR, timed.result["error"])
+        if timed.died:
+            status, detail = _died(timed, "candidate", context.options.device)
+        else:
+            status, detail = Status.RUNTIME_ERROR, timed.result["error"]
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
     if baseline.died or "runtime_ms" not in (baseline.result or {}):
@@ -525,7 +538,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                        candidate_grad_enabled=protocol.candidate_grad_enabled)
     timed = _run(context, "timing", payload)
     if timed.died:
-        status, detail = _died(timed, "candidate")
+        status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     record = timed.result
     claimed_ms = sum(sum(r.get("ref_ms", [])) + sum(r.get("cand_ms", [])) for r in record.get("rounds", []))
