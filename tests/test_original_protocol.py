@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kbverify.protocols import ORIGINAL
 from kbverify.runner import CheckOptions, check
 from kbverify.status import Status
@@ -74,6 +76,22 @@ def test_a_timeout_while_the_reference_is_timed_is_not_the_candidates():
         return ChildOutcome(result=None, exit_code=None, timed_out=True, last_phase=phase, output_head="",
                             output_tail="", output_bytes=0, wall_s=300.0)
 
-    assert _died(timed_out("reference:timing"), "candidate")[0] is Status.UNVERIFIABLE
-    assert _died(timed_out("candidate:timing"), "candidate")[0] is Status.TIMEOUT
-    assert _died(timed_out("candidate:load"), "reference")[0] is Status.TIMEOUT
+    assert _died(timed_out("reference:timing"), "candidate", "cpu")[0] is Status.UNVERIFIABLE
+    assert _died(timed_out("candidate:timing"), "candidate", "cpu")[0] is Status.TIMEOUT
+    assert _died(timed_out("candidate:load"), "reference", "cpu")[0] is Status.TIMEOUT
+
+
+def test_a_death_with_no_phase_is_ours_only_when_a_probe_worker_cannot_start_either(monkeypatch):
+    """The phase record is the child's own file, which code in the child can empty: an empty record alone does
+    not make a death an infrastructure error."""
+    from kbverify import runner
+    from kbverify.errors import InfrastructureError
+    from kbverify.sandbox import ChildOutcome
+
+    died = ChildOutcome(result=None, exit_code=3, timed_out=False, last_phase="", output_head="", output_tail="",
+                        output_bytes=0, wall_s=1.0)
+    assert runner._died(died, "candidate", "cpu")[0] is Status.CRASHED  # a real probe worker starts here
+    assert runner._died(died, "reference", "cpu")[0] is Status.UNVERIFIABLE
+    monkeypatch.setattr(runner, "_a_worker_starts_here", lambda device: False)
+    with pytest.raises(InfrastructureError, match="died before it started"):
+        runner._died(died, "candidate", "cpu")
