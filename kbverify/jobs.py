@@ -31,6 +31,27 @@ def tables_by_protocol(verdicts: list[Verdict], ps, samples: str | None, exclude
             for name in protocols}
 
 
+def tables_counting_as_failed(verdicts: list[Verdict], missing_units: list, ps, samples: str | None,
+                              exclude: set[str] | None = None) -> dict:
+    """The score tables with each planned unit that has no verdict scored as a failure of its task: what the
+    run would show at worst, beside the tables of the units evaluated."""
+    from kbverify.report import samples_rule, score_rows_from_verdicts
+    from kbverify.score import ScoreRow, score_rows, table_to_dict
+
+    protocols = list(dict.fromkeys([v.protocol for v in verdicts] + [u.protocol.name for u in missing_units]))
+    tables = {}
+    for name in protocols:
+        rows = score_rows_from_verdicts([v for v in verdicts if v.protocol == name])
+        for unit in (u for u in missing_units if u.protocol.name == name):
+            task, level = unit.entry.task, unit.entry.level
+            label = unit.entry.entry_id if task is None else (
+                task.name if task.level is None else f"level{task.level}/{task.name}")
+            rows.append(ScoreRow(task=label, level=task.level if task is not None else level,
+                                 sample=unit.entry.sample, correct=False, speedup=None))
+        tables[name] = table_to_dict(score_rows(rows, ps, samples=samples or samples_rule(name), exclude=exclude))
+    return tables
+
+
 def _progress_printer(show: bool):
     if not show:
         return None, None
@@ -113,10 +134,16 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     verdicts = list(stored.values())
     # A unit an infrastructure error left without a verdict counts neither way, so the tables cover fewer tasks
     # than the run has: said first and last, and the command exits 3, so the numbers are not taken for final.
-    missing = [f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in units if unit.key not in stored]
+    missing_units = [unit for unit in units if unit.key not in stored]
+    missing = [f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in missing_units]
     incomplete = incomplete_line(len(missing), len(planned)) if missing else ""
     tables = tables_by_protocol(verdicts, P_VALUES, samples, exclude)
     text = incomplete + present.render_fast_p(tables, P_VALUES)
+    bound = None
+    if missing_units:
+        bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, exclude)
+        text += ("a lower bound: the same with every unit that has no verdict counted as a failure\n"
+                 + present.render_fast_p(bound, P_VALUES))
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")
     text += _changes_text(verdicts)
@@ -134,7 +161,8 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
-            "complete": not missing, "missing_units": missing, "reports": {k: str(v) for k, v in paths.items()}}
+            "complete": not missing, "missing_units": missing, "tables_counting_missing_as_failed": bound,
+            "reports": {k: str(v) for k, v in paths.items()}}
 
 
 def _require_distinct_samples(entries) -> None:

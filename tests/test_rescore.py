@@ -326,6 +326,11 @@ def test_units_left_without_a_verdict_make_the_run_incomplete_and_exit_3(tmp_pat
     assert all("double" in key for key in first["missing_units"])
     assert first["text"].startswith("INCOMPLETE: 2 of 4 units") and first["text"].rstrip().endswith("retry them.")
     assert first["tables"]["original"]["n_tasks"] == 1
+    assert first["tables"]["original"]["rows"][0]["fast_p"] == pytest.approx(1.0)
+    bound = first["tables_counting_missing_as_failed"]
+    assert bound["original"]["n_tasks"] == bound["verified"]["n_tasks"] == 2
+    assert bound["original"]["rows"][0]["fast_p"] == pytest.approx(0.5)
+    assert "a lower bound" in first["text"]
     assert "INCOMPLETE" in json.loads(Path(first["reports"]["json"]).read_text())["title"]
 
     protocol_file = fast_verified_file(tmp_path)
