@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 
-from kbverify.sandbox import run_child
+from kbverify import sandbox
 
 PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
+# A probe that built is believed this long: a rescore of GPU kernels on a CPU host would otherwise build one
+# (~20 s) for every CUDA submission. A probe that failed is never remembered: the unit is retried anyway.
+BUILT_PROBE_TRUSTED_S = 600.0
+_built_at: dict[tuple, float] = {}
+_built_lock = threading.Lock()
+_PER_SUBMISSION = ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR")  # cache folders: they do not change a compiler
 
 _CPP_PROBE = '''from torch.utils.cpp_extension import load_inline
 
@@ -37,13 +45,19 @@ def cannot_build_here(device: str, build_env: dict | None = None, timeout_s: flo
     The folder is fresh each time: a cached build would load without running a compiler, and a full disk or a
     missing compiler may have come after it was made."""
     source = _CUDA_PROBE if device.startswith("cuda") else _CPP_PROBE
+    key = (device, tuple(sorted((k, v) for k, v in (build_env or {}).items() if k not in _PER_SUBMISSION)))
+    with _built_lock:
+        if time.monotonic() - _built_at.get(key, -BUILT_PROBE_TRUSTED_S) < BUILT_PROBE_TRUSTED_S:
+            return None
     with tempfile.TemporaryDirectory(prefix="kbv-probe-") as folder:
         env = {"MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), **(build_env or {}),
                "TORCH_EXTENSIONS_DIR": folder}
-        outcome = run_child("build", {"submission_source": source, "device": device}, timeout_s=timeout_s,
-                            device=device, env=env)
+        outcome = sandbox.run_child("build", {"submission_source": source, "device": device},
+                                    timeout_s=timeout_s, device=device, env=env)
     result = outcome.result or {}
     if result.get("ok"):
+        with _built_lock:
+            _built_at[key] = time.monotonic()
         return None
     if outcome.timed_out:
         return f"a trivial extension did not build within {timeout_s:.0f} s"

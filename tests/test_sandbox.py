@@ -264,3 +264,31 @@ def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that
     assert not remembered(honest).exists()
     monkeypatch.setattr(runner, "build_env", with_env)
     assert check(task, honest, ORIGINAL, options).status.value == "passed"
+
+
+def test_a_probe_that_built_is_believed_for_a_while_and_one_that_failed_is_not(monkeypatch):
+    """A CPU rescore of CUDA kernels fails each build the same way; one probe build must serve them all."""
+    from kbverify import sandbox, toolchain
+    from kbverify.sandbox import ChildOutcome
+
+    probes = []
+
+    def fake_run_child(job, payload, **kwargs):
+        probes.append(kwargs["env"].get("CXX"))
+        ok = kwargs["env"].get("CXX") != "missing"
+        return ChildOutcome(result={"ok": ok, "error": "" if ok else "c++: not found"}, exit_code=0,
+                            timed_out=False, last_phase="candidate:build", output_head="", output_tail="",
+                            output_bytes=0, wall_s=0.1)
+
+    monkeypatch.setattr(sandbox, "run_child", fake_run_child)
+    monkeypatch.setattr(toolchain, "_built_at", {})
+    assert toolchain.cannot_build_here("cpu", {"TORCH_EXTENSIONS_DIR": "/a/t", "TRITON_CACHE_DIR": "/a/r"}) is None
+    # another submission's build env: its own cache folders, the same compilers
+    assert toolchain.cannot_build_here("cpu", {"TORCH_EXTENSIONS_DIR": "/b/t", "TRITON_CACHE_DIR": "/b/r"}) is None
+    assert probes == [None]
+    assert "not found" in toolchain.cannot_build_here("cpu", {"CXX": "missing"})
+    assert "not found" in toolchain.cannot_build_here("cpu", {"CXX": "missing"})
+    assert probes == [None, "missing", "missing"]
+    monkeypatch.setattr(toolchain, "BUILT_PROBE_TRUSTED_S", 0.0)
+    assert toolchain.cannot_build_here("cpu", {}) is None
+    assert probes[-1] is None and len(probes) == 4
