@@ -31,25 +31,28 @@ def tables_by_protocol(verdicts: list[Verdict], ps, samples: str | None, exclude
             for name in protocols}
 
 
-def tables_counting_as_failed(verdicts: list[Verdict], missing_units: list, ps, samples: str | None,
+def tables_counting_as_failed(verdicts: list[Verdict], missing: list[dict], ps, samples: str | None,
                               exclude: set[str] | None = None) -> dict:
-    """The score tables with each planned unit that has no verdict scored as a failure of its task: what the
-    run would show at worst, beside the tables of the units evaluated."""
+    """The score tables with each planned unit that has no verdict (`kbverify.rescore.planned_unit`) scored as a
+    failure of its task: what the run would show at worst, beside the tables of the units evaluated."""
     from kbverify.report import samples_rule, score_rows_from_verdicts
     from kbverify.score import ScoreRow, score_rows, table_to_dict
 
-    protocols = list(dict.fromkeys([v.protocol for v in verdicts] + [u.protocol.name for u in missing_units]))
+    protocols = list(dict.fromkeys([v.protocol for v in verdicts] + [unit["protocol"] for unit in missing]))
     tables = {}
     for name in protocols:
         rows = score_rows_from_verdicts([v for v in verdicts if v.protocol == name])
-        for unit in (u for u in missing_units if u.protocol.name == name):
-            task, level = unit.entry.task, unit.entry.level
-            label = unit.entry.entry_id if task is None else (
-                task.name if task.level is None else f"level{task.level}/{task.name}")
-            rows.append(ScoreRow(task=label, level=task.level if task is not None else level,
-                                 sample=unit.entry.sample, correct=False, speedup=None))
+        rows += [ScoreRow(task=unit["task"], level=unit["level"], sample=unit["sample"], correct=False, speedup=None)
+                 for unit in missing if unit["protocol"] == name]
         tables[name] = table_to_dict(score_rows(rows, ps, samples=samples or samples_rule(name), exclude=exclude))
     return tables
+
+
+def _bound_text(bound: dict, ps) -> str:
+    from kbverify import present
+
+    return ("a lower bound: the same with every unit that has no verdict counted as a failure\n"
+            + present.render_fast_p(bound, ps))
 
 
 def _progress_printer(show: bool):
@@ -93,7 +96,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     and the reports keep every verdict."""
     from kbverify import present
     from kbverify.importers import load_entries
-    from kbverify.rescore import plan_units, rescore
+    from kbverify.rescore import plan_units, planned_unit, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
@@ -134,16 +137,15 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     verdicts = list(stored.values())
     # A unit an infrastructure error left without a verdict counts neither way, so the tables cover fewer tasks
     # than the run has: said first and last, and the command exits 3, so the numbers are not taken for final.
-    missing_units = [unit for unit in units if unit.key not in stored]
-    missing = [f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in missing_units]
+    missing_units = [planned_unit(unit) for unit in units if unit.key not in stored]
+    missing = [unit["name"] for unit in missing_units]
     incomplete = incomplete_line(len(missing), len(planned)) if missing else ""
     tables = tables_by_protocol(verdicts, P_VALUES, samples, exclude)
     text = incomplete + present.render_fast_p(tables, P_VALUES)
     bound = None
     if missing_units:
         bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, exclude)
-        text += ("a lower bound: the same with every unit that has no verdict counted as a failure\n"
-                 + present.render_fast_p(bound, P_VALUES))
+        text += _bound_text(bound, P_VALUES)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")
     text += _changes_text(verdicts)
@@ -228,9 +230,12 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
             missing = store.units_without_verdict()
         tables = tables_by_protocol(verdicts, ps, samples, exclude)
         text = present.render_fast_p(tables, ps)
+        result = {"tables": tables, "complete": not missing, "missing_units": [unit["name"] for unit in missing]}
         if missing:
-            text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text
-        return {"text": text, "json": {"tables": tables, "complete": not missing, "missing_units": missing}}
+            bound = tables_counting_as_failed(verdicts, missing, ps, samples, exclude)
+            text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text + _bound_text(bound, ps)
+            result["tables_counting_missing_as_failed"] = bound
+        return {"text": text, "json": result}
     else:
         rows = score.read_score_jsonl(source)
         tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples or "first",
@@ -283,7 +288,7 @@ def run_report(store_path: Path, out: Path) -> dict:
     text = "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     if missing:
         text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text
-    return {"text": text, "paths": paths, "complete": not missing, "missing_units": missing}
+    return {"text": text, "paths": paths, "complete": not missing, "missing_units": [unit["name"] for unit in missing]}
 
 
 def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) -> dict:

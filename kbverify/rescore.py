@@ -117,7 +117,7 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
     started = time.monotonic()
     units = plan_units(entries, protocols)
     # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
-    planned = {unit.key: f"{unit.entry.entry_id} [{unit.protocol.name}]" for unit in units}
+    planned = {unit.key: planned_unit(unit) for unit in units}
     store.begin_run(run_id, provenance_module.collect(devices[0]), {**(arguments or {}), "planned_units": planned},
                     allow_mixed=bool((arguments or {}).get("allow_mixed")))
     todo = [unit for unit in units if not store.has(unit.key)]
@@ -176,6 +176,17 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
         raise failures[0]
     return RescoreSummary(units=len(units), evaluated=done[0], resumed=resumed, errors=tuple(errors),
                           wall_s=time.monotonic() - started)
+
+
+def planned_unit(unit: Unit) -> dict:
+    """What a store keeps of a planned unit: its name, and what scores it as a failure if it never gets a verdict
+    (the task as the score tables name it, its level, sample and protocol)."""
+    task = unit.entry.task
+    label = unit.entry.entry_id if task is None else (task.name if task.level is None else
+                                                       f"level{task.level}/{task.name}")
+    return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": label,
+            "level": task.level if task is not None else unit.entry.level, "sample": unit.entry.sample,
+            "protocol": unit.protocol.name}
 
 
 class _LockedCache:

@@ -68,13 +68,14 @@ class Store:
         return [{"run_id": r[0], "started": r[1], "compat_key": r[2], "provenance": json.loads(r[3]),
                  "arguments": json.loads(r[4])} for r in rows]
 
-    def units_without_verdict(self) -> list[str]:
-        """The units some run planned that have no verdict (an infrastructure error, or a cut run), by name."""
-        planned: dict[str, str] = {}
+    def units_without_verdict(self) -> list[dict]:
+        """The units some run planned that have no verdict (an infrastructure error, or a cut run), as the run
+        recorded them (`kbverify.rescore.planned_unit`)."""
+        planned: dict[str, dict] = {}
         for run in self.runs():
             planned.update(run["arguments"].get("planned_units") or {})
         stored = {row[0] for row in self._db.execute("SELECT unit_key FROM verdicts")}
-        return [name for key, name in planned.items() if key not in stored]
+        return [unit for key, unit in planned.items() if key not in stored]
 
     def annotate_runs(self, note: dict) -> None:
         """Add `note` to every run's arguments (what was done to the verdicts after the runs wrote them)."""

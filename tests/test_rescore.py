@@ -343,6 +343,7 @@ def test_units_left_without_a_verdict_make_the_run_incomplete_and_exit_3(tmp_pat
     scored = CliRunner().invoke(cli.app, ["score", str(store), "--json"])
     assert scored.exit_code == 3 and sorted(json.loads(scored.output)["missing_units"]) == sorted(
         first["missing_units"])
+    assert json.loads(scored.output)["tables_counting_missing_as_failed"] == bound
     reported = CliRunner().invoke(cli.app, ["report", str(store), "--out", str(tmp_path / "later")])
     assert reported.exit_code == 3 and reported.output.startswith("INCOMPLETE: 2 of 4 units")
 
