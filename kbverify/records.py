@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from kbverify.status import Status
 
 
+
+def task_label(task_name: str, level: int | None) -> str:
+    """How the score tables name a task: `level<L>/<name>`, or its name when the level is unknown."""
+    return task_name if level is None else f"level{level}/{task_name}"
+
 @dataclass(frozen=True)
 class SetResult:
     """One input set: how it was drawn and what the comparison found."""

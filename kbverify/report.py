@@ -21,7 +21,7 @@ from typing import Sequence
 from kbverify import __version__
 from kbverify.plots import CLAIMED, protocol_colours, svg_claimed_vs_measured, svg_fast_p_curves
 from kbverify.protocols import PRESETS
-from kbverify.records import Verdict
+from kbverify.records import Verdict, task_label
 from kbverify.status import Status, Warn
 
 P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
@@ -59,7 +59,7 @@ def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
     """One `kbverify.score.ScoreRow` per verdict; a task is `level<L>/<name>`, or its name when the level is unknown."""
     from kbverify.score import ScoreRow  # deferred: scipy is only needed when something is scored
 
-    return [ScoreRow(task=v.task_name if v.level is None else f"level{v.level}/{v.task_name}", level=v.level,
+    return [ScoreRow(task=task_label(v.task_name, v.level), level=v.level,
                      sample=v.sample, correct=v.correct, speedup=v.speedup,
                      speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
             for v in verdicts]

@@ -22,7 +22,7 @@ from kbverify import provenance as provenance_module
 from kbverify.errors import InfrastructureError
 from kbverify.importers import Entry
 from kbverify.protocols import Protocol
-from kbverify.records import Verdict
+from kbverify.records import Verdict, task_label
 from kbverify.runner import CheckOptions, build_env, check
 from kbverify.sandbox import run_child
 from kbverify.static import scan
@@ -182,8 +182,7 @@ def planned_unit(unit: Unit) -> dict:
     """What a store keeps of a planned unit: its name, and what scores it as a failure if it never gets a verdict
     (the task as the score tables name it, its level, sample and protocol)."""
     task = unit.entry.task
-    label = unit.entry.entry_id if task is None else (task.name if task.level is None else
-                                                       f"level{task.level}/{task.name}")
+    label = unit.entry.entry_id if task is None else task_label(task.name, task.level)
     return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": label,
             "level": task.level if task is not None else unit.entry.level, "sample": unit.entry.sample,
             "protocol": unit.protocol.name}

@@ -174,8 +174,10 @@ def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
 
 
 def _a_worker_starts_here(device: str) -> bool:
-    probe = run_child("probe", {"device": device}, timeout_s=PROBE_WORKER_TIMEOUT_S, device=device)
-    return not probe.died and bool(probe.result) and "infrastructure_error" not in probe.result
+    """A job with nothing to run, started as every real job is (a "probe" job would skip bringing up CUDA)."""
+    probe = run_child("build", {"submission_source": "", "device": device}, timeout_s=PROBE_WORKER_TIMEOUT_S,
+                      device=device)
+    return not probe.died and bool((probe.result or {}).get("ok"))
 
 
 def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
