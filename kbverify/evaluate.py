@@ -5,13 +5,16 @@ exists in the candidate's process, so reading freed memory, frames or `gc` finds
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import time
 from typing import Callable
 
 import torch
 
 from kbverify import guards
+from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
 from kbverify.correctness import flatten_outputs, summarize
 from kbverify.handover import Construction, HandoverPlan
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
@@ -360,8 +363,6 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
 
 # ---- the hand-over of outputs: one at a time, so disk use stays at one output however many sets there are ----
 
-CANDIDATE_ENDED = "candidate.ended"  # written by the parent when the candidate process is gone
-JUDGE_ENDED = "judge.ended"
 _HANDOVER_POLL_S = 0.002
 
 
@@ -416,10 +417,22 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
 _IPC_MAGIC = b"KBV-CUDA-IPC\n"
 
 
-def _load_ipc(path: str) -> list:
+def _read_regular(path: str) -> bytes:
+    """A hand-over file's bytes, read only if it is a plain file: the folder is the candidate's to write, and a
+    link or a FIFO planted there must not make the judge read elsewhere or wait for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("the hand-over is not a plain file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def _load_ipc(data: bytes) -> list:
     """Rebuild shared CUDA tensors from a candidate's IPC handles, allowing no other code to run (the file comes
     from untrusted code), and copy them at once."""
-    import io
     import pickle
 
     allowed = {("torch.multiprocessing.reductions", "rebuild_cuda_tensor"), ("torch", "Tensor"), ("torch", "Size"),
@@ -433,8 +446,6 @@ def _load_ipc(path: str) -> list:
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a hand-over")
 
-    with open(path, "rb") as handle:
-        data = handle.read()
     if not data.startswith(_IPC_MAGIC):
         raise ValueError("not an IPC hand-over")
     shared = Restricted(io.BytesIO(data[len(_IPC_MAGIC):])).load()
@@ -452,15 +463,14 @@ def take_output(outdir: str, set_id: str, device):
     """The candidate's output for a set (None if it produced none), removing it so the candidate may go on."""
     path, skip = _output_path(outdir, set_id), _skip_path(outdir, set_id)
     while True:
-        if os.path.exists(path):
+        if os.path.lexists(path):
             try:
-                with open(path, "rb") as handle:
-                    ipc = handle.read(len(_IPC_MAGIC)) == _IPC_MAGIC
-                if ipc:
-                    outputs = _load_ipc(path)
+                data = _read_regular(path)
+                if data.startswith(_IPC_MAGIC):
+                    outputs = _load_ipc(data)
                     torch.cuda.synchronize()
                     return outputs
-                return torch.load(path, map_location=device, weights_only=True)
+                return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
             finally:
                 os.remove(path)
         if os.path.exists(skip):

@@ -26,6 +26,8 @@ def verdict_json(verdict: Verdict) -> dict:
             "native_sources": verdict.build.native_sources, "extension_built": verdict.build.extension_built,
             "extension_called": verdict.build.extension_called, "error_class": verdict.build.error_class},
         "elapsed_s": verdict.elapsed_s,
+        "isolation": verdict.isolation,
+        "isolation_reason": verdict.isolation_reason,
     }
 
 
@@ -50,6 +52,9 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
         lines.append(line)
         if verdict.message:
             lines.append(f"  {'':<{width}}  {verdict.message[:300]}")
+        if verdict.isolation != "isolated":
+            lines.append(f"  {'':<{width}}  ISOLATION: DEGRADED ({verdict.isolation_reason}): the submission ran "
+                         "unconfined and could have reached the parent, the judge or their files")
         if verdict.status.value != "passed" and verdict.reproducer.get("set"):
             lines.append(f"  {'':<{width}}  rerun: --protocol {verdict.protocol} --only {verdict.reproducer['set']} "
                          f"--secret {verdict.reproducer.get('secret')}")

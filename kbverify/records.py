@@ -71,6 +71,11 @@ class Verdict:
     elapsed_s: float = 0.0
     # wall seconds of each kind of worker process, summed over its runs (candidate and judge overlap in time)
     worker_s: dict = field(default_factory=dict)
+    # How the processes that ran submission code were confined (kbverify.confine): "isolated", or "degraded" when
+    # any ran unconfined (then nothing kept it from the parent, the judge or their files). Records made before
+    # kbverify confined submission code read "degraded".
+    isolation: str = "degraded"
+    isolation_reason: str = "recorded before submission code was confined"
 
     @property
     def correct(self) -> bool:

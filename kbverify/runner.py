@@ -20,6 +20,7 @@ from pathlib import Path
 from kbverify import provenance as provenance_module
 from kbverify import stats, toolchain
 from kbverify.correctness import judge_set
+from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
 from kbverify.protocols import Protocol
@@ -69,6 +70,7 @@ class _Context:
     static: StaticScan
     env: dict = field(default_factory=dict)
     worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
+    isolation: dict = field(default_factory=dict)  # "isolated" / "degraded" → why, from every submission worker
 
 
 def default_build_cache() -> Path:
@@ -96,10 +98,42 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
         verdict = _check_isolated(context, margin_cache)
     else:
         verdict = _check_kernelbench(context)
+    isolation, reason = _isolation(context)
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
-        worker_s=dict(context.worker_s),
+        worker_s=dict(context.worker_s), isolation=isolation, isolation_reason=reason,
         provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
+
+
+def _isolation(context: _Context) -> tuple[str, str]:
+    """Degraded if any process that ran this submission's code ran unconfined."""
+    if "degraded" in context.isolation:
+        return "degraded", context.isolation["degraded"]
+    if "isolated" in context.isolation:
+        return "isolated", context.isolation["isolated"]
+    return "degraded", "no process reported how it was confined"
+
+
+def _note_child(context: _Context, job: str, outcome: ChildOutcome) -> None:
+    """Book-keeping for every child: its wall time, how it was confined, and what it claims of the machine."""
+    log.info("%s child for %s: %.2f s (%s)", job, context.submission.id, outcome.wall_s, outcome.timeline())
+    _count_worker(context, job, outcome.wall_s)
+    if outcome.sandbox_failed:
+        raise InfrastructureError(f"the {job} worker's sandbox could not start: {outcome.sandbox_failed}")
+    if outcome.ran_submission and outcome.isolation in ("isolated", "degraded"):
+        context.isolation.setdefault(outcome.isolation, outcome.isolation_reason)
+    if outcome.timed_out:
+        log.warning("%s child for %s timed out", job, context.submission.id)
+    claim = (outcome.result or {}).get("infrastructure_error")
+    if claim is None:
+        return
+    if outcome.ran_submission and _a_worker_starts_here(context.options.device):
+        # Said by a process that ran submission code, and a worker without it starts and finishes here: the
+        # candidate's failure, never the machine's (a submission can write any result it likes).
+        log.warning("%s worker for %s claimed an infrastructure error that a probe worker did not confirm: %s",
+                    job, context.submission.id, str(claim)[:300])
+        return
+    raise InfrastructureError(f"{job} worker failed: {claim}")
 
 
 def _base_verdict(context: _Context, status: Status, **fields) -> Verdict:
@@ -121,56 +155,79 @@ def _count_worker(context: _Context, job: str, wall_s: float | None) -> None:
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
                         env=context.env, keep_dir=context.options.keep_workdirs)
-    log.info("%s child for %s: %.2f s (%s)", job, context.submission.id, outcome.wall_s, outcome.timeline())
-    _count_worker(context, job, outcome.wall_s)
-    if outcome.timed_out:
-        log.warning("%s child for %s timed out", job, context.submission.id)
+    _note_child(context, job, outcome)
+    return _unclaimed(outcome)
+
+
+def _unclaimed(outcome: ChildOutcome) -> ChildOutcome:
+    """An infrastructure error claimed by submission code and not confirmed (see _note_child) is a death of the
+    candidate's: the outcome then reads as a child that died after its candidate phase."""
     if outcome.result and "infrastructure_error" in outcome.result:
-        raise InfrastructureError(f"{job} worker failed: {outcome.result['infrastructure_error']}")
+        return dataclasses.replace(outcome, result=None, submission_phase_seen=True,
+                                   last_phase=outcome.last_phase or "candidate:unconfirmed-infrastructure-claim")
     return outcome
 
 
 def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str):
-    from kbverify.evaluate import CANDIDATE_ENDED, JUDGE_ENDED
-
     def marker(name):
-        return lambda: open(os.path.join(outdir, name), "w").close()
+        return lambda: _write_marker(os.path.join(outdir, name))
 
     specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED)),
+                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED), writable=(outdir,)),
              ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED))]
+                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED), writable=(outdir,))]
     outcomes = run_children(specs)
     for spec, outcome in zip(specs, outcomes):
-        log.info("%s child for %s: %.2f s (%s)", spec.job, context.submission.id, outcome.wall_s, outcome.timeline())
-        _count_worker(context, spec.job, outcome.wall_s)
-        if outcome.result and "infrastructure_error" in outcome.result:
-            raise InfrastructureError(f"{spec.job} worker failed: {outcome.result['infrastructure_error']}")
-    return outcomes
+        _note_child(context, spec.job, outcome)
+    return [_unclaimed(outcome) for outcome in outcomes]
+
+
+def _write_marker(path: str) -> None:
+    """The hand-over folder is the candidate's to write: a name it planted as a link must not lead this process
+    (which may run as root) to truncate what the link points to."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except (IsADirectoryError, PermissionError):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError as error:
+        log.warning("could not mark %s: %s", path, error)
 
 
 def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
-    """A child that did not report: blame the candidate only if it was running candidate code."""
-    where = outcome.last_phase or "start-up"
+    """A child that did not report: blame the candidate only if it was running candidate code.
+
+    The phases are the child's own messages, so once submission code has run (a candidate phase was announced)
+    the ones after it are the submission's to choose: from then on the death is the candidate's whatever phase
+    it last named. Before that the phase record is ours and names the party."""
+    tainted = outcome.ran_submission and outcome.submission_phase_seen
+    where = (outcome.last_phase if not tainted or outcome.last_phase.startswith("candidate")
+             else f"{outcome.last_phase} (announced after submission code ran)") or "start-up"
     if not outcome.last_phase and not outcome.timed_out:
-        # No phase recorded: it died starting up, which is ours, unless a worker starts here fine. The phase
-        # record is a file the child writes, so code running in the child can empty it before it dies.
+        # No phase recorded: it died starting up, which is ours, unless a worker starts here fine.
         if not _a_worker_starts_here(device):
             raise InfrastructureError(f"the {party} worker died before it started (exit code {outcome.exit_code}): "
                                       f"{(outcome.output_tail or outcome.output_head).strip()[-300:]}")
         where = "a phase it left unrecorded (a probe worker started and finished here)"
+        tainted = tainted or outcome.ran_submission
+    blamed = tainted or _candidate_phase(outcome.trusted_phase or outcome.last_phase, party)
     if outcome.timed_out:
         # the reference's own phases are never the candidate's fault, even in the candidate's worker
-        blamed = where.startswith("candidate") or (party == "candidate" and not where.startswith("reference"))
         status = Status.TIMEOUT if blamed else Status.UNVERIFIABLE
         return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
-    detail = f"{party} process died during {where} (exit code {outcome.exit_code})"
+    how = f"signal {outcome.signal}" if outcome.signal else f"exit code {outcome.exit_code}"
+    detail = f"{party} process died during {where} ({how})"
     tail = (outcome.output_tail or outcome.output_head).strip().splitlines()[-3:]
     if tail:
         detail += ": " + " | ".join(tail)[-400:]
-    if where.startswith("candidate") or (party == "candidate" and not where.startswith("reference")):
-        return Status.CRASHED, detail
-    return Status.UNVERIFIABLE, detail
+    return (Status.CRASHED if blamed else Status.UNVERIFIABLE), detail
+
+
+def _candidate_phase(phase: str, party: str) -> bool:
+    return phase.startswith("candidate") or (party == "candidate" and not phase.startswith("reference"))
 
 
 def _a_worker_starts_here(device: str) -> bool:

@@ -1,7 +1,9 @@
-"""Child processes for untrusted work: own process group, hard timeout, bounded output, own temp dir and home.
+"""Child processes for untrusted work, the parent's side: start, watch, time out, collect.
 
 Children fork from a forkserver that has torch imported but CUDA untouched, so a worker starts in tens of
-milliseconds instead of the seconds a fresh interpreter needs to import torch (SPEC §7).
+milliseconds instead of the seconds a fresh interpreter needs to import torch (SPEC §7). Each child is a
+supervisor (kbverify.supervisor) that confines the job running submission code (kbverify.confine) and relays
+its messages over a socket only this process holds; a result counts only from a job that then exited 0.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kbverify import channel, supervisor
 from kbverify.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
 OUTPUT_HEAD_BYTES = 16 * 1024
-PHASE_FILE = "phase"  # in the result folder, beside result.json: never in the child's working directory
 OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only head and tail are kept
 _POLL_S = 0.05
 
@@ -106,7 +108,7 @@ def start_early(*, timing: bool = True) -> None:
 
 @dataclass(frozen=True)
 class ChildOutcome:
-    result: dict | None  # what the child wrote; None when it died first
+    result: dict | None  # what the job sent; None when it sent none or did not exit 0 after sending it
     exit_code: int | None
     timed_out: bool
     last_phase: str  # the phase the child announced last ("" if none)
@@ -117,6 +119,13 @@ class ChildOutcome:
     start_s: float | None = None  # from asking for the child to having it: the worker server's start-up, if new
     phases_s: tuple = ()  # (kind of phase, seconds the job spent in it), as the child reported; () if it did not
     job_s: float | None = None  # the job itself, from the child's start (after the server's start-up)
+    isolation: str = "none"  # "isolated", "degraded" (ran submission code unconfined) or "none" (ran none)
+    isolation_reason: str = ""
+    ran_submission: bool = False  # the job executes submission code: what it says of the machine is unconfirmed
+    submission_phase_seen: bool = False  # a candidate phase was announced: from then on every phase is unconfirmed
+    trusted_phase: str = ""  # the last phase announced before any candidate phase
+    signal: int | None = None  # the signal that killed the job, as the supervisor's waitpid saw it
+    sandbox_failed: str = ""  # the sandbox was asked for and could not start: ours, never the candidate's
 
     def timeline(self) -> str:
         """Where the wall time went, for logs: `start 4.10 s, job 2.10 s: worker:start 0.31, reference:load 0.90, …`."""
@@ -131,9 +140,9 @@ class ChildOutcome:
 
 
 def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
-              env: dict | None = None, keep_dir: bool = False) -> ChildOutcome:
+              env: dict | None = None, keep_dir: bool = False, writable: tuple = ()) -> ChildOutcome:
     """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
-    return run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir)])[0]
+    return run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, writable=writable)])[0]
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,8 @@ class ChildSpec:
     env: dict | None = None
     keep_dir: bool = False
     on_exit: object = None  # called with no arguments as soon as this child has ended, however it ended
+    writable: tuple = ()  # host folders the job may write besides its scratch (a confined job sees the rest read-only)
+    conversation: object = None  # called as conversation(child) once the child runs: sends commands, reads replies
 
 
 def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
@@ -165,54 +176,160 @@ def _use_spawn() -> None:
     _context = multiprocessing.get_context("spawn")
 
 
+_LIFELINE: list = []  # (read end, write end): only this process ever holds the write end
+
+
+def _lifeline_reader():
+    """The read end every child watches: it reads end-of-file once this process is gone, however it died."""
+    if not _LIFELINE:
+        _LIFELINE.extend(multiprocessing.Pipe(duplex=False))
+    return _LIFELINE[0]
+
+
+def _writable_from(env: dict, extra: tuple) -> list[str]:
+    """The build folders a job writes (the submission's own, keyed by its content hash) and what the caller names."""
+    paths = [env[key] for key in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR") if env.get(key)]
+    paths += [str(p) for p in extra]
+    for path in paths:
+        os.makedirs(path, exist_ok=True)
+    return paths
+
+
 class _Running:
     def __init__(self, spec: ChildSpec):
         self.spec = spec
-        # Neutral names: nothing in the child's cwd, HOME or TMPDIR says which job it runs; the result goes to a
-        # sibling folder that is not the child's working directory.
+        # Neutral names: nothing in the child's cwd, HOME or TMPDIR says which job it runs. The log lives in a
+        # folder of the parent's that the job cannot reach (it writes through the descriptor it inherits).
         self.workdir = Path(tempfile.mkdtemp(prefix="kbv-"))
-        self.resultdir = Path(tempfile.mkdtemp(prefix="kbv-"))
+        self.logdir = Path(tempfile.mkdtemp(prefix="kbv-"))
+        self.stage = Path(tempfile.mkdtemp(prefix="kbv-"))
         child_env = dict(spec.env or {})
         visible = _visible_devices(spec.device)
         if visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = visible
+        self.log_path = self.logdir / "output.log"
         self.started = time.monotonic()
+        self.channel, child_end = multiprocessing.Pipe(duplex=True)
         try:
-            self.process = _forkserver().Process(target=_child_main,
-                                                 args=(spec.job, spec.payload, str(self.workdir), child_env,
-                                                       str(self.resultdir)),
-                                                 daemon=False)
+            self.process = _forkserver().Process(
+                target=supervisor.child_main,
+                args=(spec.job, spec.payload, str(self.workdir), str(self.log_path), child_env,
+                      _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader()),
+                daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
         except OSError as error:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            self._remove_dirs(keep_workdir=False)
             raise InfrastructureError(f"cannot start a worker process: {error}") from None
-        self.log_path = self.workdir / "output.log"
+        finally:
+            child_end.close()
         self.head, self.dropped = b"", 0
         self.timed_out = False
         self.outcome: ChildOutcome | None = None
+        self.messages = _Messages(channel.runs_submission(spec.job, spec.payload))
+        self.closed = False
+
+    def send(self, command: dict) -> None:
+        """A command to the job (kbverify.worker.receive_command reads it)."""
+        self.channel.send_bytes(json.dumps({"kind": channel.COMMAND, **command}).encode())
+
+    def read(self, timeout_s: float | None) -> bool:
+        """Take in whatever the child has sent within timeout_s; False once the channel is closed."""
+        if self.closed:
+            return False
+        try:
+            while self.channel.poll(timeout_s):
+                self.messages.take(self.channel.recv_bytes())
+                timeout_s = 0
+        except (EOFError, OSError):
+            self.closed = True
+        return not self.closed
 
     def poll(self) -> bool:
         """True once the child has ended (and its outcome is collected)."""
         if self.outcome is not None:
             return True
+        self.read(0)
         self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
         if self.process.is_alive():
             if time.monotonic() - self.started <= self.spec.timeout_s:
                 return False
             self.timed_out = True
+        else:
+            self.read(1.0)  # the supervisor is gone: what it sent last is in the socket, then end-of-file
         self._collect()
         return True
 
     def _collect(self) -> None:
         _kill_group(self.process.pid)
+        if self.messages.job_pid is not None and self.messages.isolation != "isolated":
+            _kill_group(self.messages.job_pid)  # a confined job's processes died with its supervisor's init
         self.process.join(5)
+        self.read(0)
         wall_s = time.monotonic() - self.started
         self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
         tail = _read_tail(self.log_path, self.head)
-        result = None if self.timed_out else _read_json(self.resultdir / "result.json")
+        size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.outcome = self.messages.outcome(
+            timed_out=self.timed_out, output_head=self.head.decode(errors="replace"), output_tail=tail,
+            output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s, device=self.spec.device)
+        self.channel.close()
+        self._remove_dirs(keep_workdir=self.spec.keep_dir)
+        if callable(self.spec.on_exit):
+            self.spec.on_exit()
+
+    def _remove_dirs(self, *, keep_workdir: bool) -> None:
+        shutil.rmtree(self.logdir, ignore_errors=True)
+        shutil.rmtree(self.stage, ignore_errors=True)
+        if not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class _Messages:
+    """What a child said, sorted by who said it: the supervisor (trusted) or the job (trusted only until its
+    first candidate phase, when submission code starts)."""
+
+    def __init__(self, ran_submission: bool):
+        self.ran_submission = ran_submission
+        self.result: dict | None = None
+        self.last_phase = ""
+        self.trusted_phase = ""
+        self.submission_phase_seen = False
+        self.isolation, self.isolation_reason = "none", ""
+        self.job_pid: int | None = None
+        self.exit: dict | None = None
+        self.replies: list[dict] = []
+
+    def take(self, data: bytes) -> None:
+        tag, body = data[:1], data[1:]
+        if tag == supervisor.SUPERVISOR_TAG:
+            message = json.loads(body)
+            if message.get("kind") == channel.SANDBOX:
+                self.isolation, self.isolation_reason = message["isolation"], message.get("reason", "")
+                self.job_pid = message.get("job_pid")
+            elif message.get("kind") == channel.EXIT:
+                self.exit = message
+            return
+        message = channel.decode(body) if tag == supervisor.JOB_TAG else None
+        if message is None or self.exit is not None:
+            return
+        if message["kind"] == channel.PHASE and isinstance(message.get("phase"), str):
+            self.last_phase = message["phase"][:200]
+            if self.last_phase.startswith("candidate"):
+                self.submission_phase_seen = True
+            if not self.submission_phase_seen:
+                self.trusted_phase = self.last_phase
+        elif message["kind"] == channel.RESULT and isinstance(message.get("result"), dict):
+            self.result = message["result"]
+        elif message["kind"] == channel.REPLY:
+            self.replies.append(message)
+
+    def outcome(self, *, timed_out: bool, device: str, **fields) -> ChildOutcome:
+        exit_code = (self.exit or {}).get("code")
+        # A result counts only from a job that exited 0 after sending it, as the supervisor's waitpid saw it.
+        result = self.result if (not timed_out and exit_code == 0) else None
         if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
-            _last_worker_info[self.spec.device] = result.pop("_worker")
+            _last_worker_info[device] = result.pop("_worker")
         phases = result.pop("_phases_s", None) if isinstance(result, dict) else None
         job_s = result.pop("_job_s", None) if isinstance(result, dict) else None
         # written where the submission ran: numbers only, anything else dropped
@@ -220,19 +337,12 @@ class _Running:
                          (entry for entry in (phases if isinstance(phases, list) else [])
                           if isinstance(entry, list) and len(entry) == 2)
                          if isinstance(kind, str) and _is_number(seconds))
-        job_s = float(job_s) if _is_number(job_s) else None
-        phase_file = self.resultdir / PHASE_FILE
-        last_phase = phase_file.read_text().strip() if phase_file.exists() else ""
-        size = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.outcome = ChildOutcome(result=result, exit_code=self.process.exitcode, timed_out=self.timed_out,
-                                    last_phase=last_phase, output_head=self.head.decode(errors="replace"),
-                                    output_tail=tail, output_bytes=self.dropped + size, wall_s=wall_s,
-                                    start_s=self.start_s, phases_s=phases_s, job_s=job_s)
-        shutil.rmtree(self.resultdir, ignore_errors=True)
-        if not self.spec.keep_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-        if callable(self.spec.on_exit):
-            self.spec.on_exit()
+        return ChildOutcome(result=result, exit_code=exit_code, timed_out=timed_out, last_phase=self.last_phase,
+                            phases_s=phases_s, job_s=float(job_s) if _is_number(job_s) else None,
+                            isolation=self.isolation, isolation_reason=self.isolation_reason,
+                            ran_submission=self.ran_submission, submission_phase_seen=self.submission_phase_seen,
+                            trusted_phase=self.trusted_phase, signal=(self.exit or {}).get("signal"),
+                            sandbox_failed=(self.exit or {}).get("sandbox_failed", ""), **fields)
 
 
 def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
@@ -240,14 +350,18 @@ def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
     try:
         for spec in specs:
             running.append(_Running(spec))
+        for child in running:
+            if callable(child.spec.conversation):
+                child.spec.conversation(child)
         while True:
             ended = [child.poll() for child in running]  # every child, each time: output bounds and timeouts
             if all(ended):
                 break
-            # woken at once when a child ends (its sentinel), else every _POLL_S; a child already collected is not
+            # woken at once when a child sends or ends, else every _POLL_S; a child already collected is not
             # waited on, since its sentinel stays ready and would make this a busy loop
-            multiprocessing.connection.wait([child.process.sentinel for child in running if child.outcome is None],
-                                            timeout=_POLL_S)
+            waiting = [c.process.sentinel for c in running if c.outcome is None]
+            waiting += [c.channel for c in running if c.outcome is None and not c.closed]
+            multiprocessing.connection.wait(waiting, timeout=_POLL_S)
     finally:
         for child in running:
             if child.outcome is None:
@@ -308,69 +422,5 @@ def _read_tail(path: Path, head: bytes, limit: int = OUTPUT_HEAD_BYTES) -> str:
     return tail.decode(errors="replace")
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _child_main(job: str, payload: dict, workdir: str, env: dict, resultdir: str) -> None:
-    """Runs in the child: isolate, redirect output, run the job, write the result atomically, exit hard."""
-    parent = os.getppid()
-    os.setsid()
-    _die_with_parent(parent)
-    fd = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    for sub in ("home", "tmp"):
-        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
-    os.environ.update(env)
-    os.environ["HOME"] = os.path.join(workdir, "home")
-    os.environ["TMPDIR"] = os.path.join(workdir, "tmp")
-    tempfile.tempdir = None
-    os.chdir(workdir)
-    from kbverify import guards, worker
-
-    if not job.startswith("kernelbench"):  # KernelBench's own protocol runs submissions as KernelBench did
-        guards.install_tripwires()
-
-    code = 0
-    try:
-        result = worker.run_job(job, payload, phase_file=os.path.join(resultdir, PHASE_FILE))
-    except BaseException as error:  # an infrastructure failure inside our own worker code
-        result = {"infrastructure_error": f"{type(error).__name__}: {error}"}
-        code = 70
-    tmp = os.path.join(resultdir, "result.json.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(result, handle, default=_json_default)
-    os.replace(tmp, os.path.join(resultdir, "result.json"))
-    # os._exit: leaked threads or atexit hooks of the submission must not keep the child alive.
-    os._exit(code)
-
-
-def _die_with_parent(parent: int) -> None:
-    """A new session escapes the caller's process group, so a killed kbverify would leave its workers running
-    with no one to enforce their timeouts: ask the kernel to kill this child when its parent (the server) dies."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(70)
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _json_default(value):
-    if isinstance(value, float):
-        return None
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import json
 import logging
 import os
 import sys
@@ -17,13 +18,14 @@ from pathlib import Path
 
 import torch
 
+from kbverify import channel
 from kbverify import tasks as tasks_module
 
 log = logging.getLogger(__name__)
 
-# Where announce() records the phase for the parent (crash attribution): beside the result, outside the child's
-# working directory, so the submission's cwd does not tell it which job or phase it is in.
-_PHASE_FILE: str | None = None
+# The job's ends of its channel (kbverify.channel): messages up to the supervisor, commands down from it. Pipes,
+# not files: no other process can name them.
+_CHANNEL: dict = {"up": None, "down": None}
 _LAST_PHASE = [""]  # a list: its contents change during the job, the tamper snapshot keeps its identity
 _JOB_STARTED = 0.0
 # Seconds this child's job spent in each kind of phase, in order of first appearance: announce() closes the
@@ -33,9 +35,32 @@ _PHASE_SECONDS: dict[str, float] = {}
 _PHASE_SINCE = [0.0]  # when the last announced phase (or the job, before any) began
 
 
-def run_job(job: str, payload: dict, *, phase_file: str | None = None) -> dict:
-    global _JOB_STARTED, _PHASE_FILE
-    _PHASE_FILE = phase_file
+def attach_channel(up_fd: int, down_fd: int) -> None:
+    _CHANNEL["up"], _CHANNEL["down"] = up_fd, down_fd
+
+
+def send(message: dict) -> None:
+    """A message to the parent (through the supervisor); dropped where the job runs without a channel."""
+    if _CHANNEL["up"] is not None:
+        channel.write_message(_CHANNEL["up"], message)
+
+
+def receive_command() -> dict | None:
+    """The parent's next command, or None once the parent has closed the channel."""
+    if _CHANNEL["down"] is None:
+        return None
+    body = channel.read_frame(_CHANNEL["down"])
+    if body is None:
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def run_job(job: str, payload: dict) -> dict:
+    global _JOB_STARTED
     _LAST_PHASE[0] = ""
     _JOB_STARTED = time.monotonic()
     _PHASE_SECONDS.clear()
@@ -87,10 +112,7 @@ def announce(phase: str) -> None:
     now = time.monotonic()
     _close_phase(now)
     _LAST_PHASE[0] = phase
-    if _PHASE_FILE is None:
-        return
-    with open(_PHASE_FILE, "w") as handle:
-        handle.write(phase)
+    send({"kind": channel.PHASE, "phase": phase})
 
 
 def last_phase() -> str:

@@ -39,20 +39,29 @@ def test_a_hang_is_killed_at_the_deadline():
     assert time.monotonic() - started < 15
 
 
-def test_grandchildren_die_with_the_child(tmp_path):
-    pid_file = tmp_path / "pid"
-    source = (f"import subprocess\np = subprocess.Popen(['sleep', '1000'])\nopen({str(pid_file)!r}, 'w')"
-              f".write(str(p.pid))\nwhile True:\n    pass\n")
+def _host_processes_with(marker: str) -> list[int]:
+    """Live (not zombie) processes on this machine whose command line holds the marker."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def test_grandchildren_die_with_the_child():
+    marker = f"1000.{os.getpid()}{time.monotonic_ns() % 100000}"  # a `sleep` argument no other process has
+    source = f"import subprocess\np = subprocess.Popen(['sleep', {marker!r}])\nwhile True:\n    pass\n"
     outcome = _build(source, timeout_s=3.0)
     assert outcome.timed_out
-    grandchild = int(pid_file.read_text())
     for _ in range(50):
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        # a zombie waiting for its reaper is dead too
-        if open(f"/proc/{grandchild}/stat").read().split()[2] == "Z":
+        if not _host_processes_with(marker):
             break
         time.sleep(0.1)
     else:
