@@ -58,14 +58,24 @@ class Confinement:
     isolation: str  # "isolated" or "degraded"
     reason: str = ""  # why degraded, or which namespaces were entered
     new_pid_namespace: bool = False
+    writable: tuple = ()  # the host folders the job may write (given to its own uid before it runs)
+    uid: int | None = None  # the unprivileged uid the job runs as (None: it keeps this process's)
 
 
-def enter(writable: list[str], stage: str) -> Confinement:
+def switched_off() -> bool:
+    """Read by the parent when it starts a worker (the worker server's environment is fixed when it starts)."""
+    return os.environ.get(DISABLE_ENV, "").lower() in ("off", "0", "no")
+
+
+SANDBOX_UID_BASE = 200000  # one uid per supervisor above this: no file, key or process of anyone else's
+
+
+def enter(writable: list[str], stage: str, *, off: bool = False) -> Confinement:
     """In the supervisor, before it forks: new namespaces and the mount view its next child will have. `stage` is
-    an empty folder of the parent's on which the private /tmp is built; `writable` the host folders that stay
-    writable (at their own paths). Returns how far it got; never half-applies a view without saying so."""
-    if os.environ.get(DISABLE_ENV, "").lower() in ("off", "0", "no"):
-        return Confinement("degraded", f"switched off by {DISABLE_ENV}")
+    an empty folder of the parent's on which the private temporary folders are built; `writable` the host folders
+    that stay writable (at their own paths). Returns how far it got; never half-applies a view without saying so."""
+    if off:
+        return Confinement("degraded", f"switched off by {DISABLE_ENV}=off")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
     user = os.geteuid() != 0
     uid, gid = os.geteuid(), os.getegid()
@@ -73,16 +83,25 @@ def enter(writable: list[str], stage: str) -> Confinement:
         _check(_c().unshare(flags | (CLONE_NEWUSER if user else 0)), "unshare")
     except (OSError, AttributeError) as error:
         return Confinement("degraded", f"namespaces unavailable ({error})")
+    writable = sorted({os.path.realpath(p) for p in writable}, key=len)
     try:
         if user:
             _map_user(uid, gid)
-        _private_view(writable, stage)
+        _private_view(writable, stage, needed=[] if user else _needed_to_read())
     except OSError as error:
         # The namespaces exist but the view could not be built: nothing confines the job, so say so.
         return Confinement("degraded", f"mount view failed ({error})", new_pid_namespace=True)
     kinds = "user, " if user else ""
-    return Confinement("isolated", f"{kinds}pid, mount, ipc and network namespaces; read-only filesystem",
-                       new_pid_namespace=True)
+    reason = f"{kinds}pid, mount, ipc and network namespaces; read-only filesystem"
+    sandbox_uid = None
+    if not user:
+        blocked = _devices_closed_to_others()
+        if blocked:
+            reason += f"; kept uid 0 ({blocked} is not open to other users)"
+        else:
+            sandbox_uid = SANDBOX_UID_BASE + os.getpid() % 100000
+            reason += "; its own uid"
+    return Confinement("isolated", reason, new_pid_namespace=True, writable=tuple(writable), uid=sandbox_uid)
 
 
 def _map_user(uid: int, gid: int) -> None:
@@ -94,21 +113,96 @@ def _map_user(uid: int, gid: int) -> None:
         handle.write(f"0 {gid} 1")
 
 
-def _private_view(writable: list[str], stage: str) -> None:
+def _private_roots() -> list[str]:
+    """Folders every job gets empty and its own: the shared temporary folders (the parent's own among them, which
+    hold the worker server's socket) and /dev/shm."""
+    import tempfile
+
+    roots = {PRIVATE_TMP, "/var/tmp", os.path.realpath(tempfile.gettempdir())}
+    return sorted((r for r in roots if os.path.isdir(r)), key=len)
+
+
+def _needed_to_read() -> list[str]:
+    """What the job reads to run at all: the interpreter, its libraries, this package."""
+    import sys
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    return sorted(os.path.realpath(p) for p in paths)
+
+
+def _private_view(writable: list[str], stage: str, *, needed: list[str]) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-    keep_writable = [stage]
-    for path in sorted({os.path.realpath(p) for p in writable}, key=len):
-        inside_tmp = path == PRIVATE_TMP or path.startswith(PRIVATE_TMP + "/")
-        target = stage + path[len(PRIVATE_TMP):] if inside_tmp else path
+    _open_blocked_ancestors(needed + writable, stage)
+    roots = _private_roots()
+    for index, _ in enumerate(roots):
+        os.makedirs(os.path.join(stage, f"root{index}"))
+        os.chmod(os.path.join(stage, f"root{index}"), 0o1777)  # as a temporary folder is: anyone's, sticky
+    binds = []
+    for path in writable:
+        root = next((r for r in reversed(roots) if path == r or path.startswith(r + "/")), None)
+        target = path if root is None else os.path.join(stage, f"root{roots.index(root)}") + path[len(root):]
         os.makedirs(target, exist_ok=True)
         _mount(path, target, None, _MS_BIND | _MS_REC)
-        if not inside_tmp:
-            keep_writable.append(target)
-    _read_only_everything(keep_writable)
-    _mount(stage, PRIVATE_TMP, None, _MS_BIND | _MS_REC)
+        # what a job writes there must not become a way up: no setuid files, no device nodes
+        _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV)
+        binds.append(target)
+    _read_only_everything([stage, *binds])
+    # the root that holds the stage goes last: once covered, the stage is out of reach by its path
+    for index, root in sorted(enumerate(roots), key=lambda item: stage.startswith(item[1] + "/")):
+        _mount(os.path.join(stage, f"root{index}"), root, None, _MS_BIND | _MS_REC)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+
+
+def _open_blocked_ancestors(paths: list[str], stage: str) -> None:
+    """A job of its own uid cannot pass a folder closed to others (root's home, 0700, holding a Python or the
+    build cache): such a folder is covered by an empty one open to all, and only the entries on the way to
+    what the job needs are bound back in, as they are (read-only once the view is done)."""
+    blocked: dict[str, set[str]] = {}
+    for path in paths:
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            ancestor = "/" + "/".join(parts[:depth])
+            try:
+                closed = not os.stat(ancestor).st_mode & 0o001
+            except OSError:
+                break
+            if closed and not any(ancestor.startswith(b + "/") for b in blocked):
+                blocked.setdefault(ancestor, set()).add(parts[depth])
+                break
+    keep = os.path.join(stage, "kept")
+    for number, (ancestor, children) in enumerate(sorted(blocked.items())):
+        held = []
+        for child in sorted(children):
+            source = os.path.join(ancestor, child)
+            if not os.path.isdir(source):
+                continue
+            kept = os.path.join(keep, str(number), child)
+            os.makedirs(kept)
+            _mount(source, kept, None, _MS_BIND | _MS_REC)
+            held.append((child, kept))
+        _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+        for child, kept in held:
+            os.makedirs(os.path.join(ancestor, child))
+            _mount(kept, os.path.join(ancestor, child), None, _MS_BIND | _MS_REC)
+
+
+def _devices_closed_to_others() -> str:
+    """The first GPU device node another uid could not open ("" if none): then the job keeps uid 0."""
+    import glob
+    import stat as stat_module
+
+    for node in sorted(glob.glob("/dev/nvidia*")):
+        try:
+            mode = os.stat(node).st_mode
+        except OSError:
+            continue
+        if stat_module.S_ISCHR(mode) and mode & 0o006 != 0o006:
+            return node
+    return ""
 
 
 def _read_only_everything(keep: list[str]) -> None:
@@ -129,19 +223,31 @@ def _read_only_everything(keep: list[str]) -> None:
 
 
 def become_init() -> None:
-    """In the namespace's first process: die with the supervisor, and a /proc that shows this namespace alone."""
+    """In the namespace's first process: die with the supervisor, and a /proc that shows this namespace alone,
+    with the kernel's settings in it read-only (uid 0 may write /proc/sys without any capability)."""
     die_with_parent()
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for path in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"):
+        if os.path.exists(path):
+            _mount(path, path, None, _MS_BIND | _MS_REC)
+            _mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
 
 
-def drop_privileges() -> None:
-    """In the job, the last step before any submission code: no capability left in any set, none regained by an
-    exec (the bounding set is empty and no_new_privs is set), so the mounts above cannot be undone."""
+def drop_privileges(confinement: Confinement) -> None:
+    """In the job, the last step before any submission code: its writable folders given to its own uid, that
+    uid taken, and no capability left in any set, none regained by an exec (the bounding set is empty and
+    no_new_privs is set), so the mounts above cannot be undone and nothing of root's is its to use."""
     libc = _c()
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     for capability in range(_last_capability() + 1):
         libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0)
+    if confinement.uid is not None:
+        for path in confinement.writable:
+            _give(path, confinement.uid)
+        os.setgroups([])
+        os.setresgid(confinement.uid, confinement.uid, confinement.uid)
+        os.setresuid(confinement.uid, confinement.uid, confinement.uid)
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -151,6 +257,16 @@ def drop_privileges() -> None:
 
     header, data = Header(_CAP_VERSION_3, 0), (Data * 2)()
     _check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+def _give(root: str, uid: int) -> None:
+    """chown -R, links left as they are (lchown): the job owns what it may write, and nothing else."""
+    for folder, dirs, files in os.walk(root):
+        for name in [folder, *(os.path.join(folder, entry) for entry in dirs + files)]:
+            try:
+                os.lchown(name, uid, uid)
+            except OSError:
+                pass
 
 
 def _last_capability() -> int:

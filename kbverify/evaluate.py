@@ -5,6 +5,7 @@ exists in the candidate's process, so reading freed memory, frames or `gc` finds
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import stat
@@ -210,9 +211,17 @@ def set_inputs(namespace: dict, input_set: dict, device) -> list:
 
 
 def _call(model, inputs, call_seed: int):
+    """One forward. The collector is off during it, as in every timed call (kbverify.timing): nothing a forward can
+    look at (the collector's state among it) tells a checked call from a timed one."""
     set_seed(call_seed)
-    with torch.no_grad():
-        return model(*inputs)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            return model(*inputs)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # ---- candidate ---------------------------------------------------------------------------------------------
@@ -246,6 +255,8 @@ def candidate_job(payload: dict) -> dict:
         return {**record, "load_error": "the submission defines no class ModelNew", "extensions": watch.record()}
 
     models: dict = {}
+    gc.collect()
+    gc.freeze()  # as the timing worker does before its rounds: the collector's state is the same in both
     for input_set in sets:
         set_id = input_set["set_id"]
         key = (input_set["shape"], input_set["weights"], input_set["weight_seed"])
@@ -459,6 +470,19 @@ def publish_nothing(outdir: str, set_id: str) -> None:
         pass
 
 
+def _discard(outdir: str, set_id: str) -> None:
+    import shutil
+
+    path = _output_path(outdir, set_id)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 def take_output(outdir: str, set_id: str, device):
     """The candidate's output for a set (None if it produced none), removing it so the candidate may go on."""
     path, skip = _output_path(outdir, set_id), _skip_path(outdir, set_id)
@@ -472,7 +496,7 @@ def take_output(outdir: str, set_id: str, device):
                     return outputs
                 return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
             finally:
-                os.remove(path)
+                _discard(outdir, set_id)
         if os.path.exists(skip):
             return None
         if os.path.exists(os.path.join(outdir, CANDIDATE_ENDED)):
@@ -513,7 +537,10 @@ def judge_job(payload: dict) -> dict:
             if is_cuda_fatal(error):
                 break
         if not record["sets"][set_id].get("valid"):
-            take_output(outdir, set_id, "cpu")  # unused, but the candidate waits until it is taken
+            try:
+                take_output(outdir, set_id, "cpu")  # unused, but the candidate waits until it is taken
+            except Exception:  # noqa: BLE001 - whatever the candidate left there is its own, never the judge's fault
+                _discard(outdir, set_id)
     return record
 
 

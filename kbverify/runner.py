@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbverify import provenance as provenance_module
-from kbverify import stats, toolchain
+from kbverify import stats, timing_control, toolchain
 from kbverify.correctness import judge_set
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.errors import InfrastructureError
@@ -489,7 +489,9 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         if reason.startswith("weights_layout_changed"):
             return Status.INCORRECT, reason
         if reason.startswith("weights_not_rerandomized"):
-            return Status.PASSED, "not counted: " + reason  # the verdict carries the warning (SPEC §2)
+            # A verified pass needs the re-randomised sets (SPEC §2): parameters that cannot be mapped onto
+            # Model's cannot pass, whatever the candidate's own record says of them afterwards.
+            return Status.UNVERIFIABLE, "parameters_unmapped: " + reason
         return Status.UNVERIFIABLE, reason
     if cand.get("bad_output"):
         return Status.INCORRECT, cand["error"]
@@ -551,6 +553,8 @@ def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, b
                              hidden_shapes=origin, reproducer=_reproducer(protocol, secret, None))
     if candidate.get("threads_started", 0) > 0:
         warnings.append(Warn.THREADS_STARTED.value)
+    if any(s.detail.startswith("parameters_unmapped") for s in sets):  # derived here, not taken from its record
+        warnings.append(Warn.WEIGHTS_NOT_RERANDOMIZED.value)
     status, message, failing = aggregate_sets(sets, protocol)
     if status is Status.PASSED and any("allowance" in s.detail for s in sets):
         warnings.append(Warn.BASELINE_ALLOWANCE_USED.value)
@@ -595,33 +599,70 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
                        candidate_grad_enabled=protocol.candidate_grad_enabled)
-    timed = _run(context, "timing", payload)
+    timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
+                            target=protocol.ci_half_width)
     if timed.died:
         status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
-    record = timed.result
-    claimed_ms = sum(sum(r.get("ref_ms", [])) + sum(r.get("cand_ms", [])) for r in record.get("rounds", []))
-    if claimed_ms > 1e3 * timed.wall_s or ("rounds" in record and "stale" not in record and "error" not in record):
+    record = {key: value for key, value in timed.result.items() if key not in ("rounds", "stale")}
+    if driven.forged:
         return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER,
-                                   message=f"the timing record is not one the harness wrote ({claimed_ms:.0f} ms of "
-                                           f"calls claimed in {timed.wall_s:.1f} s of worker time)")
+                                   message="the timing worker's replies are not what it measured: " + driven.forged)
     if context.protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
         return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER, message=_refusal(record))
-    if record.get("error") and record.get("error_side") == "reference":
-        return dataclasses.replace(verdict, status=Status.UNVERIFIABLE,
-                                   message="the reference failed while timed: " + record["error"])
     if record.get("load_error") or record.get("error"):
+        # "the reference failed" is the worker's word, and the worker ran submission code: it counts only if
+        # the reference fails alone too (the clean run below)
+        if record.get("error_side") == "reference" and _reference_fails_alone(context, payload):
+            return dataclasses.replace(verdict, status=Status.UNVERIFIABLE,
+                                       message="the reference failed while timed: " + record["error"])
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR,
                                    message="while timed: " + (record.get("load_error") or record.get("error")))
+    if driven.stopped:
+        # The rounds are the parent's to end: a worker that stopped answering and then exited, whatever result it
+        # sent, ended its own timing (a record of its choosing would follow).
+        return dataclasses.replace(verdict, status=Status.CRASHED,
+                                   message=f"while timed: {driven.stopped}; the worker then exited "
+                                           f"(exit code {timed.exit_code}) before its rounds were done")
+    record["rounds"] = driven.rounds
+    record["stale"] = _check_timed_outputs(context, payload, driven)
     clean = None
     if protocol.guards:
-        clean_outcome = _run(context, "reference_timing",
-                             {**payload, "submission_source": "", "budget_s": max(0.5, protocol.timing_budget_s / 2)})
-        clean = None if clean_outcome.died else clean_outcome.result
+        clean_outcome, clean_driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
+                                              budget_s=max(0.5, protocol.timing_budget_s / 2),
+                                              target=protocol.ci_half_width, check=False)
+        clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
     margin = _noise_margin(context, clean, margin_cache)
     timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
               "device": context.options.device}
     return decide_timing(dataclasses.replace(verdict, timing=timing), protocol)
+
+
+def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True):
+    """A timing worker whose rounds this process commands (kbverify.timing_control)."""
+    outcome, driven = timing_control.run(job, payload, timeout_s=context.options.timeout_s,
+                                         device=context.options.device, env=context.env,
+                                         keep_dir=context.options.keep_workdirs, budget_s=budget_s,
+                                         target_half_width=target, check=check)
+    _note_child(context, job, outcome)
+    return _unclaimed(outcome), driven
+
+
+def _check_timed_outputs(context: _Context, payload: dict, driven) -> dict:
+    """The revealed timed outputs against the reference, in a worker without submission code."""
+    if not driven.checks:
+        return {"checked": 0, "mismatches": [], "n_mismatches": 0, "wrong_structure": [], "n_wrong_structure": 0}
+    checked = _run(context, "timing_check", {**payload, "submission_source": "", "checks": driven.checks})
+    if checked.died:
+        raise InfrastructureError("the timed outputs could not be checked: the checking worker died "
+                                  f"({(checked.output_tail or checked.output_head).strip()[-300:]})")
+    return checked.result
+
+
+def _reference_fails_alone(context: _Context, payload: dict) -> bool:
+    outcome, driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
+                              budget_s=0.5, target=1.0, check=False)
+    return outcome.died or bool((outcome.result or {}).get("error")) or not driven.rounds
 
 
 def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
@@ -658,22 +699,48 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
-    if protocol.guards and on_gpu:
+    two_clocks, confirmed = _two_clocks(record.get("rounds", []), estimate)
+    slowed = False
+    if not confirmed:
+        estimate = two_clocks["host"]["estimate"]
+        ref_ms, cand_ms = two_clocks["host"]["ref_ms"], two_clocks["host"]["cand_ms"]
+        warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
+    elif protocol.guards and on_gpu:
         estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean)
         if slowed:
             warnings.append(Warn.REFERENCE_SLOWED.value)
-    else:
-        slowed = False
     estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(_instance_differences(rounds, clean, slowed)))
     if estimate.speedup > EXCESSIVE_SPEEDUP:
         warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
     clocks = [r.get("sm_clock_mhz") for r in record.get("rounds", []) if r.get("sm_clock_mhz")]
     if clocks and min(clocks) < 0.9 * max(clocks):
         warnings.append(Warn.THROTTLED.value)
+    timing = {**verdict.timing, "clocks": {name: {key: value for key, value in clock.items() if key != "estimate"}
+                                           for name, clock in two_clocks.items()},
+              "clock_used": "device" if confirmed else "host"}
     return dataclasses.replace(
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
-        speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high),
+        speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _two_clocks(rounds: list, device_estimate) -> tuple[dict, bool]:
+    """The device clock (the worker's events) and the host clock (the parent's own wall time per batch), and
+    whether the parent's clock confirms the worker's device times (kbverify.timing_control). Records made before
+    the parent kept its clock have the device clock alone, taken as it stands."""
+    clocks = {"device": {"speedup": device_estimate.speedup,
+                         "ci": [device_estimate.ci_low, device_estimate.ci_high], "estimate": device_estimate}}
+    wall = timing_control.wall_rounds(rounds)
+    if not wall:
+        return clocks, True
+    host = stats.paired_speedup(wall)
+    confirmed, seen = timing_control.device_time_confirmed(rounds)
+    clocks["host"] = {"speedup": host.speedup, "ci": [host.ci_low, host.ci_high], "estimate": host,
+                      "ref_ms": _median([t for r in wall for t in r[0]]),
+                      "cand_ms": _median([t for r in wall for t in r[1]])}
+    clocks["device"]["confirmed"] = confirmed
+    clocks["device"]["unexplained_ms"] = seen
+    return clocks, confirmed
 
 
 def _instance_differences(rounds: list, clean: dict | None, slowed: bool) -> list[float]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbverify import channel, supervisor
+from kbverify import channel, confine, supervisor
 from kbverify.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,8 @@ class _Running:
             self.process = _forkserver().Process(
                 target=supervisor.child_main,
                 args=(spec.job, spec.payload, str(self.workdir), str(self.log_path), child_env,
-                      _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader()),
+                      _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader(),
+                      confine.switched_off()),
                 daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
@@ -237,6 +238,7 @@ class _Running:
         """Take in whatever the child has sent within timeout_s; False once the channel is closed."""
         if self.closed:
             return False
+        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
         try:
             while self.channel.poll(timeout_s):
                 self.messages.take(self.channel.recv_bytes())
@@ -261,9 +263,12 @@ class _Running:
         return True
 
     def _collect(self) -> None:
-        _kill_group(self.process.pid)
-        if self.messages.job_pid is not None and self.messages.isolation != "isolated":
-            _kill_group(self.messages.job_pid)  # a confined job's processes died with its supervisor's init
+        # Only a supervisor still running is killed: once reaped, its number (and its group's) may already be
+        # another process's, and on a busy machine with 32768 PIDs they come round within the hour.
+        if self.process.exitcode is None:
+            if self.messages.job_pid is not None and self.messages.isolation != "isolated":
+                _kill_group(self.messages.job_pid)  # a confined job's processes die with the namespace's init
+            _kill_group(self.process.pid)
         self.process.join(5)
         self.read(0)
         wall_s = time.monotonic() - self.started

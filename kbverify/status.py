@@ -87,4 +87,7 @@ class Warn(str, enum.Enum):
     TIMED_OUTPUTS_NEAR_TOLERANCE = "timed_outputs_near_tolerance"  # a few timed outputs just over the limit
     HOST_OVERHEAD = "host_overhead"  # its extra host work per call exceeds the reference's device time per call
     NO_DEVICE_HOLD = "no_device_hold"  # this torch has no torch.cuda._sleep: host launch time was timed too
+    # the parent's clock does not account for the device times the worker reported alike for both sides: the
+    # speedup is the parent's own (host-inclusive) measure instead
+    DEVICE_TIME_UNCONFIRMED = "device_time_unconfirmed"
     HOST_TIME_TIMED = "host_time_timed"  # host work outlasted the device-side hold on many calls: launches were timed

@@ -29,7 +29,7 @@ _POLL_S = 0.05
 
 
 def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, writable: list[str], stage: str,
-               parent, lifeline) -> None:
+               parent, lifeline, confine_off: bool = False) -> None:
     """The worker server's child: confine, fork the job, relay, report its end, exit."""
     os.setsid()
     confine.die_with_parent()  # against the worker server
@@ -41,7 +41,7 @@ def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, 
     for sub in ("home", "tmp"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
     confined = channel.runs_submission(job, payload)
-    confinement = (confine.enter([workdir, *writable], stage) if confined
+    confinement = (confine.enter([workdir, *writable], stage, off=confine_off) if confined
                    else confine.Confinement("none", "runs no submission code"))
     up_r, up_w = os.pipe()
     down_r, down_w = os.pipe()
@@ -158,6 +158,15 @@ def _let_the_server_go() -> None:
             forkserver._forkserver._forkserver_alive_fd = None
     except (ImportError, AttributeError, OSError):
         pass
+    try:  # the same for multiprocessing's resource tracker, which ends when its pipe has no writer left
+        from multiprocessing import resource_tracker
+
+        fd = resource_tracker._resource_tracker._fd
+        if fd is not None:
+            os.close(fd)
+            resource_tracker._resource_tracker._fd = None
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 def _close_all_but(keep: set[int]) -> None:
@@ -225,7 +234,7 @@ def _job_main(job, payload, workdir, env, up_w, down_r, confinement) -> None:
     os.chdir(workdir)
     if confinement.isolation == "isolated":
         try:
-            confine.drop_privileges()
+            confine.drop_privileges(confinement)
         except OSError:
             os._exit(71)
     from kbverify import guards, worker

@@ -11,6 +11,7 @@ baseline's flags and torch functions re-checked before every reference call.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import time
@@ -40,9 +41,6 @@ def _random_bits(bits: int) -> int:
     return int.from_bytes(_URANDOM((bits + 7) // 8), "little") & ((1 << bits) - 1)
 
 
-MAX_ROUNDS = 2000
-STALE_CHECKS = 24
-KEEP_LAST = 4
 
 
 class _Side:
@@ -59,8 +57,7 @@ class _Side:
         self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
         self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
-        self.reservoir: dict[int, list] = {}  # call index → its projections: a uniform sample of all calls
-        self.recent: dict[int, list] = {}  # the last calls' projections, always checked too
+        self.batch: dict[int, dict] = {}  # this batch's calls: index → projections and output signature
         # Only the reference's own weights are spared the poison: a candidate returning a tensor it keeps (a
         # registered buffer included) must recompute it every call, and its `parameters()` is its own to fake.
         self.own_storages = _own_storages(model) if name == "ref" and isinstance(model, torch.nn.Module) else frozenset()
@@ -74,28 +71,14 @@ class _Side:
         self.phase_ns[phase] = self.phase_ns.get(phase, 0) + now - since_ns
         return now
 
-    def keep(self, call_index: int, projections: list) -> None:
-        """Which calls' outputs are checked against the reference afterwards: the last KEEP_LAST, and a uniform
-        sample of STALE_CHECKS over every call (Algorithm R: the n-th call enters with probability STALE_CHECKS/n,
-        in place of a uniformly chosen member). Evicting a random member whenever a call came in kept only the
-        last ~80 calls, so a kernel could cheat for most of the run and be honest at the end."""
-        self._seen += 1
-        self.recent[call_index] = projections
-        for old in sorted(self.recent)[:-KEEP_LAST]:
-            del self.recent[old]
-        if len(self.reservoir) < STALE_CHECKS:
-            self.reservoir[call_index] = projections
-        elif _random_bits(64) % self._seen < STALE_CHECKS:
-            members = sorted(self.reservoir)
-            del self.reservoir[members[_random_bits(64) % len(members)]]
-            self.reservoir[call_index] = projections
+    def keep(self, call_index: int, projections: list, signature: list) -> None:
+        """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control):
+        the projections' raw bytes, so what is revealed hashes exactly as what was committed to."""
+        self.batch[call_index] = {"projections": [None if p is None else _raw(p) for p in projections],
+                                  "signature": json.loads(json.dumps(signature))}
 
-    @property
-    def kept(self) -> dict[int, list]:
-        return {**self.reservoir, **self.recent}
-
-    def inputs_for(self, call_index: int) -> tuple[int, list]:
-        seed = _random_bits(32)  # drawn now: no secret in this process predicts the next call's inputs
+    def inputs_for(self, seed: int) -> tuple[int, list]:
+        """The parent chose the seed and sends it with the batch: nothing in this process predicts the next."""
         return seed, draw_inputs(self.namespace, seed, self.device)
 
     def place(self, staged: list) -> list:
@@ -374,30 +357,18 @@ def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, c
     return max(elapsed, EVENT_FLOOR_MS), seed, inputs, list(flat), early
 
 
-def _no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: float) -> bool:
-    """The budget is a cap: no round starts that would, at the mean pace so far, end past it. (Stopping only once
-    the budget was spent let the last round overrun it: 2.6 s of timing against 2 s on the H200.)"""
-    return elapsed_s + elapsed_s / max(1, rounds_done) > budget_s
-
-
 def _restore_gc(collecting: bool) -> None:
     if collecting:
         gc.enable()
 
 
 def timing_job(payload: dict) -> dict:
-    from kbverify import stats
-
     device = device_from(payload)
     task = task_from(payload)
     secret = payload["secret"]
-    budget_s = float(payload.get("budget_s", 2.0))
-    target = float(payload.get("ci_half_width", 0.005))
-    min_rounds = int(payload.get("min_rounds", 10))
-    max_rounds = int(payload.get("max_rounds", MAX_ROUNDS))
     train = bool(payload.get("train_mode", True))
     aa = bool(payload.get("aa", False))
-    record: dict = {"rounds": [], "warnings": []}
+    record: dict = {"warnings": []}
 
     announce("reference:load")
     namespace = shape_namespaces(task, [{"shape": "original", "overrides": {}}])["original"]
@@ -464,64 +435,11 @@ def timing_job(payload: dict) -> dict:
         # collection over it between calls stalls the host for milliseconds, both sides alike, but the rounds are
         # what the time budget buys.
         sm_clock = _SmClock(device)
-        # The stopping rule's quantiles come from scipy, imported on first use: that import took most of a
-        # second inside the rounds on the H200 (between-rounds time summed to ~1 s whatever the round count).
-        import scipy.stats  # noqa: F401
         gc.collect()
         gc.freeze()
         announce("timing:rounds")
-        order_rng = _RANDOM(derive_seed(secret, "order"))
-        started = time.monotonic()
-        between_rounds_ns = 0  # the harness's own work between rounds (clock read, stopping rule)
-        pending: list = []
-        rounds: list = []
-        while len(rounds) < max_rounds:
-            round_started_ns = time.perf_counter_ns()
-            order = ["ref", "cand"] if order_rng.random() < 0.5 else ["cand", "ref"]
-            round_times: dict = {"ref": [], "cand": []}
-            for name in order:
-                side = sides[name]
-                announce("timing:reference" if name == "ref" else "candidate:timing")
-                for _ in range(CALLS_PER_SIDE):
-                    elapsed, seed, inputs, out, early = _timed_call(
-                        side, lambda side=side: side.inputs_for(len(side.calls)), device, flush, projector,
-                        reassert if name == "ref" else None, cover)
-                    del inputs
-                    round_times[name].append(elapsed)
-                    side.calls.append({"seed": seed})
-                    # Both sides get the same host work after every call, or the side whose host has just done
-                    # more launches its next call slower. Checked after the device-wide synchronise, before the
-                    # next call can touch its inputs (an output may legally be a view of them): work deferred
-                    # past the call shows up here. Then the output is poisoned: nothing of the reference's answer
-                    # is left for the candidate to find, and a candidate that hands back a tensor it keeps
-                    # finds NaN in it next time.
-                    pending.append((len(side.calls) - 1, out, early))
-                    mark = time.perf_counter_ns()
-                    _settle(pending, projector, side, device)
-                    mark = side.spent("settle", mark)
-                    _poison(out, side.own_storages)
-                    side.spent("poison", mark)
-                    del out
-            round_done_ns = time.perf_counter_ns()
-            rounds.append((round_times["ref"], round_times["cand"]))
-            round_record = {"order": order, "ref_ms": round_times["ref"], "cand_ms": round_times["cand"],
-                            "sm_clock_mhz": sm_clock(), "wall_ms": (round_done_ns - round_started_ns) / 1e6}
-            record["rounds"].append(round_record)
-            stop = stats.should_stop(rounds, elapsed_s=time.monotonic() - started, budget_s=budget_s,
-                                     target_half_width=target, min_rounds=min_rounds)
-            between_ns = time.perf_counter_ns() - round_done_ns
-            round_record["between_ms"] = between_ns / 1e6
-            between_rounds_ns += between_ns
-            # the cap is checked on the clock after the harness's own work, which the budget pays for too
-            if stop or _no_time_for_another_round(time.monotonic() - started, len(rounds), budget_s):
-                break
-        record["timing_s"] = time.monotonic() - started
-        record["between_rounds_ms"] = between_rounds_ns / 1e6 / max(1, len(rounds))
-        announce("timing:stale-check")
-        signature = _reference_signature(reference_model, namespace, device)
-        record["stale"] = _stale_check(sides["cand"], reference_model, namespace, device, projector, reassert,
-                                       signature=signature, norm_rtol=float(payload.get("norm_rtol") or 1e-3),
-                                       allowance=float(payload.get("baseline_allowance") or 0.0))
+        record["timing_s"] = _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock)
+        record["signature"] = _reference_signature(reference_model, namespace, device)
     except BaseException as error:  # noqa: BLE001 - who raised decides whose failure it is
         record["error"] = short_error(error)
         record["error_side"] = "reference" if _last_phase_is_reference() else "candidate"
@@ -548,6 +466,68 @@ def timing_job(payload: dict) -> dict:
     record["peak_bandwidth_gbps"] = _bandwidth(device)
     record.update(_peak_memory(sides, device))
     return record
+
+
+def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -> float:
+    """The parent's rounds (kbverify.timing_control), one side's batch at a time: it names the side and each call's
+    input seed, and reads the times back at once, bounded by its own clock around the batch. Each call's output
+    projections are committed to (a hash per call) before the parent says which calls it checks, so they cannot
+    be redone afterwards. Returns the seconds spent serving."""
+    from kbverify import worker
+
+    worker.send({"kind": "reply", "op": "ready"})
+    started = time.monotonic()
+    pending: list = []
+    while True:
+        command = worker.receive_command()
+        if command is None or command.get("op") == "end":
+            return time.monotonic() - started
+        if command.get("op") == "reveal":
+            side = sides["cand"]
+            chosen = {str(i): side.batch[i] for i in command.get("calls", []) if i in side.batch}
+            worker.send({"kind": "reply", "op": "reveal", "calls": chosen})
+            continue
+        name = "ref" if command.get("side") == "ref" else "cand"
+        side = sides[name]
+        side.batch = {}
+        announce("timing:reference" if name == "ref" else "candidate:timing")
+        times = []
+        for seed in command.get("seeds", []):
+            elapsed, seed, inputs, out, early = _timed_call(
+                side, lambda side=side, seed=int(seed): side.inputs_for(seed), device, flush, projector,
+                reassert if name == "ref" else None, cover)
+            del inputs
+            times.append(elapsed)
+            side.calls.append({"seed": seed})
+            # Both sides get the same host work after every call, or the side whose host has just done more
+            # launches its next call slower. Checked after the device-wide synchronise, before the next call can
+            # touch its inputs (an output may legally be a view of them): work deferred past the call shows up
+            # here. Then the output is poisoned: nothing of the reference's answer is left for the candidate to
+            # find, and a candidate that hands back a tensor it keeps finds NaN in it next time.
+            pending.append((len(side.calls) - 1, out, early))
+            mark = time.perf_counter_ns()
+            _settle(pending, projector, side, device)
+            mark = side.spent("settle", mark)
+            _poison(out, side.own_storages)
+            side.spent("poison", mark)
+            del out
+        commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
+        worker.send({"kind": "reply", "op": "batch", "side": name, "times_ms": times, "commits": commits,
+                     "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
+
+
+def _raw(vector: torch.Tensor) -> str:
+    import base64
+
+    return base64.b64encode(vector.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()).decode()
+
+
+def commitment(entry: dict) -> str:
+    """What a call's projections and output signature hash to (kbverify.timing_control checks a revealed call
+    against it: the same function, there)."""
+    from kbverify.timing_control import commitment as same
+
+    return same(entry)
 
 
 def _quantiles(values: list[float]) -> dict | None:
@@ -627,7 +607,7 @@ def _settle(pending: list, projector, side: _Side, device) -> None:
         flat = flatten_outputs(out)
         late = projector(flat)
         call = side.calls[call_index]
-        call["signature"] = _signature(flat)
+        call["signature"] = signature = _signature(flat)
         both = _to_host([*early, *late])
         early, late = both[: len(early)], both[len(early):]
         changed = any((a is None) != (b is None) or (a is not None and not torch.equal(a, b)
@@ -635,7 +615,7 @@ def _settle(pending: list, projector, side: _Side, device) -> None:
                       for a, b in zip(early, late))
         if changed:
             call["unsettled"] = True
-        side.keep(call_index, late)
+        side.keep(call_index, late, signature)
     pending.clear()
 
 
@@ -652,47 +632,75 @@ def _to_host(vectors: list) -> list:
 STALE_SAMPLING_FACTOR = 1.1  # a 4096-element sample estimates a norm to about 1%: a small margin is enough
 
 
-def _stale_check(side: _Side, reference, namespace, device, projector, reassert, *, signature, norm_rtol: float,
-                 allowance: float) -> dict:
-    """Each kept timed output against the reference on the same inputs, under the correctness rule's norm-wise
-    limit (with the TF32 baseline's own error as allowance): a timed path that differs from the judged one,
-    replays, or leaves work undone fails here. Every timed output must also match the reference's structure."""
-    wrong_structure = [i for i, call in enumerate(side.calls) if call.get("signature") != signature]
-    mismatches = []
-    checked = 0
-    checked_calls = side.kept
-    for index in sorted(checked_calls):
-        call, kept = side.calls[index], checked_calls[index]
-        checked += 1
-        inputs = draw_inputs(namespace, call["seed"], device)
-        exact, baseline = _reference_projections(reference, inputs, side, index, projector, reassert)
-        for got, want, base in zip(kept, exact, baseline):
-            if got is None and want is None:  # neither has elements to compare (a zero-size output, say)
-                continue
-            if got is None or want is None:
-                mismatches.append({"call": index, "relative_error": None, "why": "no tensor output"})
-                break
-            error = _sample_norm_error(got, want)
-            base_error = _sample_norm_error(base, want) if base is not None else 0.0
-            limit = STALE_SAMPLING_FACTOR * max(norm_rtol, allowance * base_error)
-            gross = _projection_error(got, want)
-            if not (error <= limit and gross <= 3 * limit):
-                mismatches.append({"call": index, "relative_error": error, "projection_error": gross,
-                                   "limit": limit})
-                break
-    return {"checked": checked, "mismatches": mismatches, "n_mismatches": len(mismatches),
+def timing_check_job(payload: dict) -> dict:
+    """The checked timed calls against the reference, in a process without submission code: the candidate's
+    worker committed to each call's output projections before it knew which calls the parent would check, and
+    the parent hands the revealed ones here with the seeds it chose (SPEC §4, stale outputs)."""
+    device = device_from(payload)
+    secret = payload["secret"]
+    announce("reference:load")
+    namespace = shape_namespaces(task_from(payload), [{"shape": "original", "overrides": {}}])["original"]
+    set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", True)),
+             cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
+    flags = tf32_state()
+    reference, _ = build_reference(namespace, derive_seed(secret, "timing-weights"), "default", device,
+                                   bool(payload.get("train_mode", True)))
+    announce("timing:stale-check")
+    projector = _Projector(secret, device)
+    reassert = lambda: assert_baseline_flags(flags)  # noqa: E731
+    signature = json.loads(json.dumps(_reference_signature(reference, namespace, device)))
+    norm_rtol, allowance = float(payload.get("norm_rtol") or 1e-3), float(payload.get("baseline_allowance") or 0.0)
+    mismatches, wrong_structure = [], []
+    for check in payload["checks"]:
+        index = int(check["call"])
+        if check.get("signature") != signature:
+            wrong_structure.append(index)
+            continue
+        kept = [None if p is None else _from_raw(p) for p in check["projections"]]
+        inputs = draw_inputs(namespace, int(check["seed"]), device)
+        exact, baseline = _reference_projections(reference, inputs, secret, index, projector, reassert)
+        mismatch = _compare_projections(index, kept, exact, baseline, norm_rtol, allowance)
+        if mismatch is not None:
+            mismatches.append(mismatch)
+    return {"checked": len(payload["checks"]), "mismatches": mismatches, "n_mismatches": len(mismatches),
             "wrong_structure": wrong_structure[:10], "n_wrong_structure": len(wrong_structure)}
 
 
-def _reference_projections(reference, inputs, side, index, projector, reassert):
+def _from_raw(text: str) -> torch.Tensor:
+    import base64
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float64)
+
+
+def _compare_projections(index, kept, exact, baseline, norm_rtol: float, allowance: float) -> dict | None:
+    """A kept timed output against the reference on the same inputs, under the correctness rule's norm-wise
+    limit (with the TF32 baseline's own error as allowance): a timed path that differs from the judged one,
+    replays, or leaves work undone fails here."""
+    if len(kept) != len(exact):
+        return {"call": index, "relative_error": None, "why": "another number of outputs"}
+    for got, want, base in zip(kept, exact, baseline):
+        if got is None and want is None:  # neither has elements to compare (a zero-size output, say)
+            continue
+        if got is None or want is None or got.shape != want.shape:
+            return {"call": index, "relative_error": None, "why": "no tensor output"}
+        error = _sample_norm_error(got, want)
+        base_error = _sample_norm_error(base, want) if base is not None else 0.0
+        limit = STALE_SAMPLING_FACTOR * max(norm_rtol, allowance * base_error)
+        gross = _projection_error(got, want)
+        if not (error <= limit and gross <= 3 * limit):
+            return {"call": index, "relative_error": error, "projection_error": gross, "limit": limit}
+    return None
+
+
+def _reference_projections(reference, inputs, secret, index, projector, reassert):
     reassert()
     flags = tf32_state()
     set_tf32(matmul=False, cudnn=False)
-    set_seed(derive_seed(side.secret, "rng", index))
+    set_seed(derive_seed(secret, "rng", index))
     with torch.no_grad():
         exact = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*clone_inputs(inputs))))]
     assert_baseline_flags(flags)
-    set_seed(derive_seed(side.secret, "rng", index))
+    set_seed(derive_seed(secret, "rng", index))
     with torch.no_grad():
         baseline = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*inputs)))]
     return exact, baseline
@@ -795,8 +803,9 @@ def _peak_memory(sides, device) -> dict:
 
 
 def reference_timing_job(payload: dict) -> dict:
-    """The reference alone in a clean process, same method: the check on an in-process baseline."""
+    """The reference alone in a clean process, same method: the check on an in-process baseline. The parent
+    drives its rounds as it drives the candidate's (kbverify.timing_control) and keeps their times."""
     payload = {**payload, "aa": True}
     record = timing_job(payload)
-    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls", "between_rounds_ms")
-    return {"rounds": record.get("rounds", []), **{key: record.get(key) for key in kept}}
+    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls")
+    return {key: record.get(key) for key in kept}

@@ -33,6 +33,7 @@ _JOB_STARTED = 0.0
 # and "judge:<set>" → "candidate:run" and "judge:original").
 _PHASE_SECONDS: dict[str, float] = {}
 _PHASE_SINCE = [0.0]  # when the last announced phase (or the job, before any) began
+_PHASE_KIND = [""]  # the running phase's kind, for the accounts above
 
 
 def attach_channel(up_fd: int, down_fd: int) -> None:
@@ -62,6 +63,7 @@ def receive_command() -> dict | None:
 def run_job(job: str, payload: dict) -> dict:
     global _JOB_STARTED
     _LAST_PHASE[0] = ""
+    _PHASE_KIND[0] = ""
     _JOB_STARTED = time.monotonic()
     _PHASE_SECONDS.clear()
     _PHASE_SINCE[0] = _JOB_STARTED
@@ -99,6 +101,7 @@ JOBS = {
     "judge": "kbverify.evaluate:judge_job",
     "timing": "kbverify.timing:timing_job",
     "reference_timing": "kbverify.timing:reference_timing_job",
+    "timing_check": "kbverify.timing:timing_check_job",
     "build": "kbverify.worker:build_job",
     "audit": "kbverify.audit_worker:audit_job",
     "footprint": "kbverify.footprint_worker:footprint_job",
@@ -111,7 +114,9 @@ def announce(phase: str) -> None:
     """Record what the child is doing, so a crash is attributed to the right party."""
     now = time.monotonic()
     _close_phase(now)
-    _LAST_PHASE[0] = phase
+    # Only the party stays in this process (the submission can read it); the phase itself goes to the parent.
+    _LAST_PHASE[0] = phase.split(":")[0]
+    _PHASE_KIND[0] = phase_kind(phase)
     send({"kind": channel.PHASE, "phase": phase})
 
 
@@ -136,7 +141,7 @@ def _time_accounts() -> dict:
 
 
 def _close_phase(now: float) -> None:
-    kind = phase_kind(_LAST_PHASE[0])
+    kind = _PHASE_KIND[0] or phase_kind("")
     _PHASE_SECONDS[kind] = _PHASE_SECONDS.get(kind, 0.0) + (now - _PHASE_SINCE[0])
     _PHASE_SINCE[0] = now
 

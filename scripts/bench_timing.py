@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kbverify import stats  # noqa: E402
+from kbverify import stats, timing_control  # noqa: E402
 from kbverify.inputs import new_run_secret  # noqa: E402
 from kbverify.sandbox import run_child  # noqa: E402
 from kbverify.tasks import Task, load_task  # noqa: E402
@@ -134,11 +134,12 @@ def _timing_payload(task: Task, source: str, args, jitter_bytes: int = 0) -> dic
 def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0) -> dict:
     """One measurement in a fresh worker; the estimate is recomputed here from the raw rounds."""
     started = time.monotonic()
-    outcome = run_child(job, _timing_payload(task, source, args, jitter_bytes), timeout_s=args.timeout_s,
-                        device=args.device)
+    outcome, driven = timing_control.run(job, _timing_payload(task, source, args, jitter_bytes),
+                                         timeout_s=args.timeout_s, device=args.device, budget_s=args.budget_s,
+                                         target_half_width=args.ci_half_width, check=False)
     wall_s = time.monotonic() - started
     record = outcome.result or {}
-    rounds = [(r["ref_ms"], r["cand_ms"]) for r in record.get("rounds", [])]
+    rounds = [(r["ref_ms"], r["cand_ms"]) for r in driven.rounds]
     if not rounds:
         reason = record.get("error") or record.get("load_error") or (outcome.output_tail or "")[-500:]
         return {"error": reason or "no rounds", "wall_s": wall_s}
@@ -149,7 +150,7 @@ def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0)
             "cand_ms": statistics.median(t for r in rounds for t in r[1]),
             "timing_s": record.get("timing_s"), "wall_s": wall_s, "phase_ms_per_call": record.get("phase_ms_per_call"),
             "cover_ms": record.get("cover_ms"), "uncovered_calls": record.get("uncovered_calls"),
-            "between_rounds_ms": record.get("between_rounds_ms")}
+            "between_rounds_ms": statistics.mean(r.get("between_ms", 0.0) for r in driven.rounds)}
 
 
 # ---- KernelBench's method, re-implemented (scripts/generate_baseline_time.py + src/eval.py of v0.1) ---------

@@ -18,6 +18,8 @@ class Case:
     expect: dict = field(default_factory=dict)
     warn: dict = field(default_factory=dict)
     open: str = ""  # the structural defence that is missing; the case is expected to fail until it exists
+    max_speedup: dict = field(default_factory=dict)  # protocol → the most its measured speedup may be
+    budget_s: dict = field(default_factory=dict)  # protocol → its timing budget, where the corpus's short one is not enough
 
     @property
     def id(self) -> str:
@@ -32,12 +34,13 @@ def read_case(path: Path) -> Case:
     header = path.read_text().splitlines()[:8]
     fields: dict[str, str] = {}
     for line in header:
-        match = re.match(r"#\s*(kbverify-test|expect|warn|open):\s*(.*)", line)
+        match = re.match(r"#\s*(kbverify-test|expect|warn|open|max-speedup|budget):\s*(.*)", line)
         if match:
             fields[match[1]] = match[2]
     task = _pairs(fields.get("kbverify-test", ""))["task"]
     return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")),
-                fields.get("open", ""))
+                fields.get("open", ""), {k: float(v) for k, v in _pairs(fields.get("max-speedup", "")).items()},
+                {k: float(v) for k, v in _pairs(fields.get("budget", "")).items()})
 
 
 def all_cases(folder: str) -> list[Case]:

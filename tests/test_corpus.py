@@ -28,12 +28,17 @@ FAULT_OPTIONS = CheckOptions(device="cpu", timeout_s=15.0)  # the hang is killed
 def test_corpus_verdicts(case):
     task, submission = load_task(case.task), load_submission(case.path)
     for name, protocol in PROTOCOLS.items():
+        if name in case.budget_s:
+            protocol = protocol.with_overrides(timing_budget_s=case.budget_s[name])
         verdict = check(task, submission, protocol, FAULT_OPTIONS if case.path.parent.name == "faults" else OPTIONS)
         allowed = case.expect[name].split("|")
         assert verdict.status.value in allowed, f"{name}: {verdict.status.value} ({verdict.message[:300]})"
         for warning in case.warn.get(name, "").split(","):
             if warning:
                 assert warning in verdict.warnings, f"{name}: missing warning {warning}: {verdict.warnings}"
+        if name in case.max_speedup:
+            assert verdict.speedup is not None and verdict.speedup <= case.max_speedup[name], \
+                f"{name}: speedup {verdict.speedup} over {case.max_speedup[name]}"
         if verdict.correct and protocol.isolated:
             assert verdict.speedup is not None and verdict.speedup_ci is not None
             assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]

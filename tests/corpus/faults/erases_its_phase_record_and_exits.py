@@ -1,17 +1,17 @@
 # kbverify-test: task=tasks/basic/level1/1_ReLU.py
 # expect: original=crashed verified=crashed
-# why: at import, empties the file where the worker records its phase and exits, so the death looks like a worker that never started (an infrastructure error, no verdict at all); a probe worker starting fine gives it away
+# why: at import, announces an empty phase and then the reference's loading through the worker's own channel, and exits, so the death would look like a worker that never started or a reference that failed (an infrastructure error or unverifiable, no verdict against it); phases announced after submission code ran are not believed, and a probe worker starting fine gives it away
 import os
 import sys
 
 import torch
 import torch.nn as nn
 
-for module in list(sys.modules.values()):
-    phase_file = getattr(module, "_PHASE_FILE", None)
-    if isinstance(phase_file, str):
-        open(phase_file, "w").close()
-        os._exit(3)
+worker = sys.modules.get("kbverify.worker")
+if worker is not None and hasattr(worker, "send"):
+    worker.send({"kind": "phase", "phase": ""})
+    worker.send({"kind": "phase", "phase": "reference:load"})
+    os._exit(3)
 
 
 class ModelNew(nn.Module):

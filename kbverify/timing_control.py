@@ -1,0 +1,277 @@
+"""The parent's side of interleaved timing: it commands the rounds, keeps the record, and bounds what it is told.
+
+The worker that times runs submission code, so nothing it writes is the record (SPEC §4, §5): the parent decides
+each round's order and every call's input seed, sends one side's batch at a time, and takes that batch's times
+only as they come back, with its own monotonic clock around the batch. Device times that sum to more than that
+wall time are a forgery. The time the parent saw that a side's own times do not account for (the harness's per-
+call work, the device-side hold, the messages) is the same for both sides of an honest kernel; a candidate whose
+times leave much more unexplained than the reference's (its times shrunk, or the reference's inflated, or its
+host work longer than the hold) is timed by the parent's clock instead, with the warning
+`device_time_unconfirmed`. Which calls are checked against the reference is chosen here after each batch,
+against the worker's commitments (a hash per call), and the check runs in a process without submission code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from kbverify import stats
+
+CALLS_PER_SIDE = 3
+MAX_ROUNDS = 2000
+STALE_CHECKS = 24
+REPLY_SLACK_MS = 0.05  # the parent's clock reads a little after the worker's last event: rounding, not time
+UNEXPLAINED_ABS_MS = 0.005  # per call: what two batches of the same harness work may differ by systematically
+UNEXPLAINED_FRACTION = 0.1  # of the candidate's claimed time: the most its device-clock speedup may be inflated
+
+
+class TimingForged(Exception):
+    """The worker's times cannot be what it measured (they exceed the parent's own clock)."""
+
+
+class Reservoir:
+    """Which candidate calls are checked against the reference: the last batch's, and a uniform sample of
+    STALE_CHECKS over every call (Algorithm R: the n-th call enters with probability STALE_CHECKS/n, in place of a
+    uniformly chosen member). Evicting a random member whenever a call came in kept only the last ~80 calls, so
+    a kernel could cheat for most of the run and be honest at the end. Chosen here, after the worker committed."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.seen = rng, 0
+        self.sample: dict[int, dict] = {}
+        self.recent: dict[int, dict] = {}
+
+    def offer(self, index: int) -> bool:
+        """Whether call `index` enters the sample (then `keep` it once revealed)."""
+        self.seen += 1
+        return len(self.sample) < STALE_CHECKS or self.rng.randrange(self.seen) < STALE_CHECKS
+
+    def keep(self, index: int, entry: dict) -> None:
+        if len(self.sample) >= STALE_CHECKS:
+            del self.sample[sorted(self.sample)[self.rng.randrange(len(self.sample))]]
+        self.sample[index] = entry
+
+    def keep_recent(self, index: int, entry: dict) -> None:
+        self.recent[index] = entry
+
+    @property
+    def kept(self) -> dict[int, dict]:
+        return {**self.sample, **self.recent}
+
+
+@dataclass
+class Driven:
+    """What the parent recorded of a timing worker's rounds."""
+
+    rounds: list = field(default_factory=list)
+    checks: list = field(default_factory=list)  # revealed candidate calls: call, seed, projections, signature
+    forged: str = ""  # why the worker's replies cannot be true ("" if they can)
+    stopped: str = ""  # why the rounds ended early ("" when the stopping rule or the budget ended them)
+    serve_s: float = 0.0
+
+
+def drive(child, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
+          max_rounds: int = MAX_ROUNDS, check: bool = True) -> Driven:
+    """Command the rounds of one timing worker (`child` a kbverify.sandbox running child). Stops on the stopping
+    rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake."""
+    rng = random.Random(int.from_bytes(os.urandom(16), "little"))
+    driven = Driven()
+    if _reply(child, "ready", deadline) is None:
+        driven.stopped = "the worker never became ready to time"
+        return driven
+    reservoir, calls = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}
+    started = time.monotonic()
+    while len(driven.rounds) < max_rounds:
+        order = ["ref", "cand"] if rng.random() < 0.5 else ["cand", "ref"]
+        entry = {"order": order}
+        try:
+            for side in order:
+                _batch(child, side, rng, entry, calls, reservoir if check and side == "cand" else None, deadline)
+        except TimingForged as error:
+            driven.forged = str(error)
+            break
+        except TimeoutError as error:
+            driven.stopped = str(error)
+            break
+        driven.rounds.append(entry)
+        deciding = time.monotonic()
+        pairs = [(r["ref_ms"], r["cand_ms"]) for r in driven.rounds]
+        elapsed = deciding - started
+        stop = stats.should_stop(pairs, elapsed_s=elapsed, budget_s=budget_s, target_half_width=target_half_width,
+                                 min_rounds=min_rounds) or no_time_for_another_round(elapsed, len(driven.rounds),
+                                                                                     budget_s)
+        entry["between_ms"] = (time.monotonic() - deciding) * 1e3  # this process's own work between rounds
+        if stop:
+            break
+    last = calls.get("last_cand")
+    if check and last is not None and not driven.forged:
+        try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
+            _reveal(child, last[0], last[1], last[2], reservoir, deadline, everything=True)
+        except (TimingForged, TimeoutError) as error:
+            driven.forged = driven.forged or str(error)
+    _send(child, {"op": "end"})
+    driven.serve_s = time.monotonic() - started
+    driven.checks = [{"call": index, **entry} for index, entry in sorted(reservoir.kept.items())]
+    return driven
+
+
+def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: float) -> bool:
+    """The budget is a cap: no round starts that would, at the mean pace so far, end past it. (Stopping only once
+    the budget was spent let the last round overrun it: 2.6 s of timing against 2 s on the H200.)"""
+    return elapsed_s + elapsed_s / max(1, rounds_done) > budget_s
+
+
+def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
+        keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True):
+    """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
+    from kbverify.sandbox import ChildSpec, run_children
+
+    holder: dict = {}
+
+    def converse(child) -> None:
+        holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
+                                 deadline=child.started + timeout_s, check=check)
+
+    outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse)])[0]
+    return outcome, holder.get("driven") or Driven(stopped="never driven")
+
+
+def _batch(child, side: str, rng: random.Random, entry: dict, calls: dict, reservoir, deadline: float) -> None:
+    seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
+    first = calls[side]
+    sent = time.monotonic()
+    _send(child, {"op": "batch", "side": side, "seeds": seeds})
+    reply = _reply(child, "batch", deadline)
+    wall_ms = (time.monotonic() - sent) * 1e3
+    if reply is None:
+        raise TimeoutError(f"the worker stopped answering during the {side} batch")
+    times = reply.get("times_ms")
+    if (not isinstance(times, list) or len(times) != len(seeds) or reply.get("side") != side
+            or not all(_finite_positive(t) for t in times) or reply.get("first_call") != first):
+        raise TimingForged(f"the {side} batch's reply is not one the harness sends: {str(reply)[:200]}")
+    if sum(times) > wall_ms + REPLY_SLACK_MS:
+        raise TimingForged(f"the {side} batch claimed {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of the "
+                           "parent's own clock")
+    calls[side] += len(seeds)
+    entry[f"{side}_ms"] = [float(t) for t in times]
+    entry[f"{side}_wall_ms"] = wall_ms
+    if isinstance(reply.get("sm_clock_mhz"), (int, float)):
+        entry["sm_clock_mhz"] = reply["sm_clock_mhz"]
+    if reservoir is not None:
+        calls["last_cand"] = (reply, first, seeds)
+        revealing = time.monotonic()
+        _reveal(child, reply, first, seeds, reservoir, deadline)
+        entry["reveal_ms"] = (time.monotonic() - revealing) * 1e3
+
+
+def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, deadline: float, *,
+            everything: bool = False) -> None:
+    """Ask for the batch's calls the reservoir takes (all of them: `everything`) and check each against the
+    commitment the worker made before it knew."""
+    commits = reply.get("commits") if isinstance(reply.get("commits"), dict) else {}
+    indices = [first + offset for offset in range(len(seeds))]
+    wanted = indices if everything else [index for index in indices if reservoir.offer(index)]
+    if not wanted:
+        return
+    _send(child, {"op": "reveal", "calls": wanted})
+    revealed = _reply(child, "reveal", deadline)
+    shown = (revealed or {}).get("calls") if isinstance((revealed or {}).get("calls"), dict) else {}
+    for index in wanted:
+        entry = shown.get(str(index))
+        if not isinstance(entry, dict) or commitment(entry) != commits.get(str(index)):
+            raise TimingForged(f"timed call {index}'s output was not the one the worker committed to")
+        kept = {"seed": seeds[index - first], "projections": entry.get("projections"),
+                "signature": entry.get("signature")}
+        (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
+
+
+def commitment(entry: dict) -> str:
+    """A call's hash: its projections (base64 of their raw float64 bytes) and its output's signature."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(entry.get("signature"), sort_keys=True).encode())
+    for projection in entry.get("projections") or []:
+        digest.update(b"|" + (projection.encode() if isinstance(projection, str) else b"none"))
+    return digest.hexdigest()
+
+
+def _send(child, command: dict) -> None:
+    try:
+        child.send(command)
+    except (OSError, ValueError):
+        pass
+
+
+def _reply(child, op: str, deadline: float) -> dict | None:
+    """The next reply of this kind; None if the worker closed its channel or the deadline passed."""
+    while True:
+        for index, message in enumerate(child.messages.replies):
+            if message.get("op") == op:
+                return child.messages.replies.pop(index)
+        left = deadline - time.monotonic()
+        if left <= 0 or not child.read(min(left, 1.0)) and not child.messages.replies:
+            return None
+
+
+def _finite_positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def unexplained_ms(rounds: list) -> dict:
+    """Per call and side: the parent's wall time its own times leave unaccounted for, over all rounds."""
+    out = {}
+    for side in ("ref", "cand"):
+        calls = sum(len(r.get(f"{side}_ms", ())) for r in rounds)
+        wall = sum(r.get(f"{side}_wall_ms", 0.0) for r in rounds)
+        timed = sum(sum(r.get(f"{side}_ms", ())) for r in rounds)
+        out[side] = (wall - timed) / calls if calls else None
+    return out
+
+
+def device_time_confirmed(rounds: list) -> tuple[bool, dict]:
+    """Whether the parent's clock accounts for the candidate's device times as it does for the reference's.
+
+    Per round, d = (what the candidate's batch left unexplained per call) - (the same for the reference's). An
+    honest kernel whose host work the device-side hold covers has d about 0: both batches do the same harness
+    work around calls that take what they say. Times shrunk by a factor k leave d = (1 - 1/k) of the true time.
+    The device clock is not confirmed when d's median is, with 95% confidence, above UNEXPLAINED_FRACTION of the
+    candidate's own claimed time (and above UNEXPLAINED_ABS_MS), or past it and above zero with 80% confidence:
+    its speedup could then be inflated by more than that fraction. The test is on the median of paired rounds, so the harness's own jitter, however large next to
+    a microsecond kernel, averages out instead of widening the allowance."""
+    differences = sorted(_unexplained(r, "cand") - _unexplained(r, "ref") for r in rounds
+                         if r.get("ref_ms") and r.get("cand_ms") and "ref_wall_ms" in r and "cand_wall_ms" in r)
+    seen = {**unexplained_ms(rounds), "rounds": len(differences)}
+    if len(differences) < 2:
+        return True, seen  # too little to tell; with few rounds the bound below is their minimum
+    claimed = sorted(t for r in rounds for t in r.get("cand_ms", ()))
+    threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2])
+    n = len(differences)
+    median = differences[n // 2]
+    lower = _median_lower_bound(differences, 1.96)  # 95%
+    # With few rounds (a short budget) the 95% bound rarely clears anything: a median past the threshold that is
+    # above zero at 80% confidence is enough to fall back on the parent's clock, which is never an accusation.
+    likely = median > threshold and _median_lower_bound(differences, 1.2816) > 0
+    seen.update({"median_difference_ms": median, "lower_bound_ms": lower, "threshold_ms": threshold})
+    return not (lower > threshold or likely), seen
+
+
+def _median_lower_bound(ordered: list, z: float) -> float:
+    """The order-statistic lower confidence bound of a median (normal approximation to the sign test)."""
+    n = len(ordered)
+    return ordered[max(0, int(n / 2 - z * math.sqrt(n) / 2) - 1)]
+
+
+def _unexplained(round_record: dict, side: str) -> float:
+    times = round_record[f"{side}_ms"]
+    return (round_record[f"{side}_wall_ms"] - sum(times)) / len(times)
+
+
+def wall_rounds(rounds: list) -> list:
+    """The rounds as the parent's clock saw them: per-call wall time of each side's batch (host-inclusive)."""
+    return [([r["ref_wall_ms"] / len(r["ref_ms"])] * len(r["ref_ms"]),
+             [r["cand_wall_ms"] / len(r["cand_ms"])] * len(r["cand_ms"])) for r in rounds
+            if r.get("ref_ms") and r.get("cand_ms") and "ref_wall_ms" in r and "cand_wall_ms" in r]

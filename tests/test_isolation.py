@@ -1,0 +1,225 @@
+"""The sandbox around submission code (SPEC §4, §7): what a candidate process can see, write and signal, what its
+messages can claim, and that nothing it starts outlives kbverify. Where this machine allows no namespaces the
+isolation tests skip and say so; the degraded path is tested either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kbverify.sandbox import run_child
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _probe(source: str, **kwargs):
+    """Run `source` as a submission's module in a build job; what it found comes back as its error text."""
+    outcome = run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=60, **kwargs)
+    if outcome.isolation != "isolated":
+        pytest.skip(f"isolation unavailable here: {outcome.isolation} ({outcome.isolation_reason})")
+    return outcome
+
+
+LOOK_AROUND = """
+import json, os, signal
+found = {{"listed": sorted(p for p in os.listdir("/proc") if p.isdigit())}}
+for pid in {pids}:
+    for what in ("status", "cwd", "environ", "fd"):
+        try:
+            path = f"/proc/{{pid}}/{{what}}"
+            found[path] = "opened" if (os.listdir(path) if what == "fd" else open(path).read(1) if what != "cwd"
+                                       else os.listdir(path)) is not None else "?"
+        except OSError as error:
+            found[path] = error.strerror
+    try:
+        os.kill(pid, signal.SIGKILL)
+        found[f"kill {{pid}}"] = "sent"
+    except OSError as error:
+        found[f"kill {{pid}}"] = error.strerror
+for folder in {folders}:
+    try:
+        with open(os.path.join(folder, "planted"), "w") as handle:
+            handle.write("x")
+        found[folder] = "wrote"
+    except OSError as error:
+        found[folder] = error.strerror
+raise RuntimeError("FOUND" + json.dumps(found))
+"""
+
+
+def _found(outcome) -> dict:
+    error = outcome.result["error"]
+    return json.loads(error[error.index("FOUND") + 5:])
+
+
+def test_a_candidate_sees_signals_and_writes_nothing_of_the_parent_or_other_workers(tmp_path):
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands in for a judge
+    parents_folder = tmp_path / "parent"
+    parents_folder.mkdir()
+    try:
+        pids = [os.getpid(), os.getppid(), sibling.pid]
+        folders = [str(parents_folder), str(REPO), str(Path.home()), "/etc"]
+        outcome = _probe(LOOK_AROUND.format(pids=pids, folders=folders))
+        found = _found(outcome)
+        assert found["listed"] == ["1", "2"]  # its namespace's init and itself
+        for pid in pids:
+            for what in ("status", "cwd", "environ", "fd"):
+                assert found[f"/proc/{pid}/{what}"] != "opened", found
+            assert found[f"kill {pid}"] != "sent", found
+        assert sibling.poll() is None  # still running
+        for folder in folders:
+            assert found[folder] != "wrote", (folder, found)
+        assert not (parents_folder / "planted").exists() and not (REPO / "planted").exists()
+        # its temporary folders and /dev/shm are its own, writable and empty: nothing reaches the host's
+        shared = _probe("import os\nfor folder in ('/dev/shm', '/var/tmp'):\n"
+                        "    open(folder + '/planted', 'w').write('x')\n    assert os.listdir(folder) == ['planted']\n")
+        assert shared.result["ok"] is True, shared.result
+        assert not Path("/dev/shm/planted").exists() and not Path("/var/tmp/planted").exists()
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
+def test_a_candidate_writes_its_scratch_and_the_folders_it_is_given(tmp_path):
+    given = tmp_path / "given"
+    outcome = _probe(f"import os\nopen(os.path.join(os.environ['HOME'], 'x'), 'w').write('x')\n"
+                     f"open({str(given / 'out')!r}, 'w').write('ok')\nopen('/tmp/scratch', 'w').write('x')\n",
+                     writable=(given,))
+    assert outcome.result["ok"] is True, outcome.result
+    assert (given / "out").read_text() == "ok"
+    assert not Path("/tmp/scratch").exists()  # its /tmp is its own
+
+
+def test_a_candidate_cannot_undo_its_mounts_or_regain_privileges():
+    source = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+found = {"umount_tmp": libc.umount2(b"/tmp", 2), "remount_root": libc.mount(None, b"/", None, 32 | 4096, None),
+         "status": [l for l in open("/proc/self/status") if l.startswith(("CapEff", "CapBnd", "NoNewPrivs"))]}
+import json
+raise RuntimeError("FOUND" + json.dumps(found))
+"""
+    found = _found(_probe(source))
+    assert found["umount_tmp"] != 0 and found["remount_root"] != 0
+    caps = {line.split(":")[0]: line.split(":")[1].strip() for line in found["status"]}
+    assert int(caps["CapEff"], 16) == 0 and int(caps["CapBnd"], 16) == 0 and caps["NoNewPrivs"] == "1"
+
+
+def test_a_candidate_runs_as_a_uid_of_its_own_and_cannot_write_kernel_settings():
+    source = """
+import json, os
+found = {"uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups()}
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname"):
+    try:
+        open(path, "w").close()
+        found[path] = "opened"
+    except OSError as error:
+        found[path] = error.strerror
+raise RuntimeError("FOUND" + json.dumps(found))
+"""
+    outcome = _probe(source)
+    found = _found(outcome)
+    for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname"):
+        assert found[path] != "opened", found
+    if os.geteuid() == 0 and "kept uid 0" not in outcome.isolation_reason:
+        assert found["uid"] != 0 and found["euid"] != 0 and found["groups"] == [], found
+
+
+def test_a_result_counts_only_from_a_job_that_exits_0_after_sending_it():
+    source = ("import os, signal\nfrom kbverify import worker\n"
+              "worker.send({'kind': 'result', 'result': {'ok': True, 'error': '', 'extensions': {}}})\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    outcome = _probe(source)
+    assert outcome.died and outcome.result is None
+    assert outcome.signal == signal.SIGKILL
+
+
+def test_the_job_cannot_speak_for_its_supervisor():
+    source = ("from kbverify import worker\n"
+              "worker.send({'kind': 'exit', 'code': 0, 'signal': None})\n"
+              "worker.send({'kind': 'sandbox', 'isolation': 'isolated', 'reason': 'forged', 'job_pid': 1})\n"
+              "import os\nos._exit(9)\n")
+    outcome = run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=60,
+                        env={})
+    assert outcome.exit_code == 9 and outcome.died
+    assert outcome.isolation_reason != "forged"
+
+
+def test_without_a_sandbox_every_outcome_says_degraded(monkeypatch):
+    monkeypatch.setenv("KBVERIFY_SANDBOX", "off")
+    outcome = run_child("build", {"submission_source": "x = 1\n", "device": "cpu"}, timeout_s=60)
+    assert outcome.result["ok"] is True
+    assert outcome.isolation == "degraded" and "KBVERIFY_SANDBOX" in outcome.isolation_reason
+
+
+def test_a_job_without_submission_code_runs_unconfined():
+    outcome = run_child("probe", {"device": "cpu"}, timeout_s=60)
+    assert outcome.isolation == "none" and not outcome.ran_submission
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(name))
+    return found
+
+
+HANGS_AND_SPAWNS = """
+import subprocess
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        subprocess.Popen(["sleep", "1000"])
+        while True:
+            pass
+"""
+
+
+@pytest.mark.slow
+def test_nothing_outlives_a_killed_check(tmp_path):
+    """SIGKILL of `kbverify check` during a hanging forward that started a process of its own: within 5 s no
+    process that kbverify or the submission started is left (all carry the marker in their environment)."""
+    submission = tmp_path / "hangs.py"
+    submission.write_text(HANGS_AND_SPAWNS)
+    marker = f"KBV_LIFETIME_{uuid.uuid4().hex}"
+    env = {**os.environ, marker: "1"}
+    cli = subprocess.Popen([sys.executable, "-m", "kbverify", "check", str(submission), "--task",
+                            str(REPO / "tasks/basic/level1/1_ReLU.py"), "--protocol", "verified"],
+                           env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while len(_processes_with(marker)) < 4 and time.monotonic() < deadline:  # CLI, server, worker, sleep
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert len(_processes_with(marker)) >= 4, "the check never reached its hanging forward"
+        cli.kill()
+        cli.wait()
+        deadline = time.monotonic() + 5
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in _processes_with(marker)}
+        assert left == {}, f"processes outlived the killed CLI: {left}"
+    finally:
+        for pid in _processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
