@@ -16,7 +16,7 @@ import torch
 
 from kbverify import guards
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
-from kbverify.correctness import flatten_outputs, summarize
+from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.handover import Construction, HandoverPlan
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
 from kbverify.precision import set_tf32
@@ -549,7 +549,7 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
     inputs = set_inputs(namespace, input_set, device)
     pristine = clone_inputs(inputs)
     set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
-    reference = flatten_outputs(_call(model, inputs, call_seed))
+    reference, draws_random = _reference_call(model, inputs, call_seed, device)
     synchronize(device)
     entry: dict = {"valid": True}
     entry["ref_mutates_inputs"] = guards.changed_inputs(pristine, inputs)
@@ -558,38 +558,66 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
     if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
            for t in reference):
         return {"valid": False, "invalid_reason": "reference output is not finite"}
+    truth, why_not = (_fp64_truth(model, pristine, call_seed) if want_fp64
+                      else (None, "the protocol asks for no float64 run"))
+    if want_fp64:
+        entry["reference_vs_fp64"] = summarize(truth, reference) if truth is not None else {"error": why_not}
+    if truth is not None and draws_random:
+        # the float64 model's random draws need not be the fp32 one's (other dtypes, other kernels): its output
+        # is then another sample, not the exact answer; the reference's own error still bounds an allowance
+        truth, why_not = None, "the reference's forward draws random numbers, which a float64 run need not repeat"
+    entry["exact_reference"] = EXACT_AVAILABLE if truth is not None else f"unavailable ({why_not})"
     if want_baseline:
         set_tf32(matmul=True, cudnn=True)
         baseline = flatten_outputs(_call(model, clone_inputs(pristine), call_seed))
         synchronize(device)
         entry["baseline"] = summarize(reference, baseline)
+        if truth is not None:
+            entry["baseline_vs_fp64"] = summarize(truth, baseline)
         set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
         del baseline
-    if want_fp64:
-        entry["reference_vs_fp64"] = _fp64_error(model, pristine, reference, call_seed)
     try:
         candidate = take_output(outdir, input_set["set_id"], device)
         if candidate is not None:
             entry["comparison"] = summarize(reference, candidate)
+            if truth is not None:
+                entry["candidate_vs_fp64"] = summarize(truth, candidate)
     except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
         entry["candidate_output_error"] = short_error(error)
     return entry
 
 
+def _reference_call(model, inputs, call_seed: int, device) -> tuple[list, bool]:
+    """The reference's outputs, as `_call` makes them, and whether its forward drew from the CPU or the device's
+    random generator."""
+    set_seed(call_seed)
+    before = _generator_states(device)
+    with torch.no_grad():
+        outputs = flatten_outputs(model(*inputs))
+    after = _generator_states(device)
+    return outputs, any(not torch.equal(a, b) for a, b in zip(before, after))
+
+
+def _generator_states(device) -> list:
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
 FP64_INPUT_BYTES_LIMIT = 2 << 30
 
 
-def _fp64_error(model, inputs: list, reference: list, call_seed: int) -> dict | None:
-    """The fp32 reference's own error against a float64 run of the same model: how exact "exact" is.
-
-    An honest fp32 kernel that sums in another order differs from the reference by about this much, so the
-    verified rule allows a candidate a small factor of it (as it does of the TF32 baseline's error).
-    """
+def _fp64_truth(model, inputs: list, call_seed: int) -> tuple[list | None, str]:
+    """The reference model run in float64 on the same inputs: the exact answer the verified rule is stated on,
+    and against which the fp32 reference's own error is measured (an honest fp32 kernel that sums in another order
+    differs from the reference by about that much). (None, why) where there is no such run."""
     import copy
 
     size = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
     if size > FP64_INPUT_BYTES_LIMIT:
-        return None
+        return None, f"inputs of {size / 2**30:.1f} GiB, above the float64 run's limit of " \
+                     f"{FP64_INPUT_BYTES_LIMIT / 2**30:.0f} GiB"
     try:
         wide = copy.deepcopy(model).double()
         wide_inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -597,6 +625,5 @@ def _fp64_error(model, inputs: list, reference: list, call_seed: int) -> dict | 
         truth = flatten_outputs(_call(wide, wide_inputs, call_seed))
         del wide
     except BaseException as error:  # noqa: BLE001 - some models have no float64 path; the record says so
-        return {"error": short_error(error, 300)}
-    return summarize(truth, [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                             for t in reference])
+        return None, "the float64 run raised: " + short_error(error, 300)
+    return truth, ""

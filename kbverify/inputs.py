@@ -97,8 +97,14 @@ def apply_distribution(inputs: list, distribution: str, seed: int) -> list:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             out.append(value.clone() if isinstance(value, torch.Tensor) else value)
             continue
-        out.append(_transform(value, distribution, derive_seed(str(seed), "wide", index)))
+        out.append(_transform(value, distribution, _mask_seed(distribution, seed, index)))
     return out
+
+
+def _mask_seed(distribution: str, seed: int, index: int) -> int:
+    """The seed of input `index`'s element mask, where a distribution has one: each distribution its own, so that
+    the mixed-sign set's signs do not follow the wide set's magnitudes."""
+    return derive_seed(str(seed), distribution, index)
 
 
 def _transform(x, distribution: str, mask_seed: int):
@@ -124,6 +130,13 @@ def _transform(x, distribution: str, mask_seed: int):
             # with one full-size temporary instead of three: a KernelBench input is gigabytes.
             return torch.full_like(x, WIDE_SMALL).masked_fill_(large, WIDE_LARGE).mul_(x)
         return torch.where(large, x * WIDE_LARGE, x * WIDE_SMALL)
+    if distribution == "mixed_sign":
+        # every element's sign drawn on its own: every other set is a positive scaling, shift or negation of one
+        # draw, so a torch.rand input keeps one sign throughout and one element's sign could decide a ReLU.
+        # Multiplying by ±1 is exact in every floating dtype, so magnitudes stay those of the draw.
+        generator = torch.Generator(device=x.device).manual_seed(mask_seed)
+        negative = torch.rand(x.shape, generator=generator, device=x.device) < 0.5
+        return torch.ones_like(x).masked_fill_(negative, -1.0).mul_(x)
     raise ValueError(f"unknown distribution {distribution!r}")
 
 

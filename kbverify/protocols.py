@@ -14,7 +14,8 @@ from pathlib import Path
 
 from kbverify.errors import InputError
 
-ALL_DISTRIBUTIONS = ("x1", "x3", "x0.01", "neg", "shifted", "wide")
+# mixed_sign: per-element random signs (SPEC §3); the verified preset uses every distribution
+ALL_DISTRIBUTIONS = ("x1", "x3", "x0.01", "neg", "shifted", "wide", "mixed_sign")
 
 
 @dataclass(frozen=True)

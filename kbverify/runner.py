@@ -19,8 +19,8 @@ from pathlib import Path
 
 from kbverify import provenance as provenance_module
 from kbverify import stats, timing_control, toolchain
-from kbverify.correctness import judge_set
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
+from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
 from kbverify.protocols import Protocol
@@ -463,7 +463,8 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
         cand = (candidate.get("sets") or {}).get(input_set.set_id)
         ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
         errors = {key: ref[key] for key in ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs",
-                                            "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error")
+                                            "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error",
+                                            "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64")
                   if key in ref}
         valid = (bool(ref.get("valid")) and not (cand or {}).get("input_error")
                  and not str((cand or {}).get("skipped", "")).startswith("weights_not_rerandomized"))
@@ -521,14 +522,14 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
     if "comparison" not in ref:
         return Status.UNVERIFIABLE, "no candidate output to compare"
     outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol,
-                                           ref.get("reference_vs_fp64"))
+                                           ref.get("reference_vs_fp64"), ExactEvidence.from_record(ref))
     if outcome == "shape_mismatch":
         return Status.SHAPE_MISMATCH, detail
     if outcome == "incorrect":
         return Status.INCORRECT, detail
     if protocol.guards and cand.get("deterministic") is False:
         return Status.EXPLOIT_NONDETERMINISTIC, cand.get("determinism_detail", "")
-    return Status.PASSED, "baseline allowance used" if allowance else ""
+    return Status.PASSED, detail or ("baseline allowance used" if allowance else "")
 
 
 def decide_isolated(context: _Context, sets: list[SetResult], candidate: dict, build: BuildRecord, origin: str,

@@ -101,7 +101,7 @@ def test_constant_output_is_degenerate_under_every_protocol(audited):
     assert audits["1_Constant_Gemm_Max_Subtract_GELU"].degenerate_under == ("original", "kbv", "verified")
     families = audits["1_Constant_Gemm_Max_Subtract_GELU"].evidence["constant_output"]["families"]
     assert {f["weights"] for f in families} == {"default", "rerandomized"}
-    assert all(f["max_abs_spread"] == 0.0 and f["sets"] == 18 for f in families)
+    assert all(f["max_abs_spread"] == 0.0 and f["sets"] == FAST.seeds * len(FAST.distributions) for f in families)
 
 
 def test_near_zero_is_per_protocol(audited):
@@ -135,7 +135,7 @@ def test_dead_input_and_parameter_evidence(audited):
 
 def test_nonfinite_distribution_is_invalid_not_degenerate(audited):
     audit = audited[0]["8_NonFinite_Sqrt"]
-    assert set(audit.invalid_distributions) == {"neg"}
+    assert set(audit.invalid_distributions) == {"neg", "mixed_sign"}  # a square root of negative inputs
     assert all(entry["reason"].startswith("reference output has") for entry in audit.invalid_distributions["neg"])
 
 

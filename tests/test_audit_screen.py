@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kbverify import audit_worker, correctness
 from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
                             judged_protocols)
-from kbverify.correctness import certainly_rejects, judge_set, screen, summarize
+from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
 from kbverify.protocols import KBV, ORIGINAL, VERIFIED
 from kbverify.tasks import load_task
 
@@ -238,6 +238,53 @@ def test_the_allowance_keeps_a_kernel_as_accurate_as_its_baseline_from_the_scree
     assert not certainly_rejects(screen(ref, cand), baseline, VERIFIED)
     assert judge_set(summarize(ref, cand), baseline, VERIFIED)[0] == "passed"
 
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), size=st.integers(1, 3 * correctness.SCREEN_SAMPLE),
+       off=st.sampled_from([0.0, 1e-6, 1e-3, 1e-1, 10.0]), error=st.sampled_from([1e-4, 1e-3, 5e-3, 1e-2, 1.0]),
+       toward=st.sampled_from([0.0, 0.5, 1.0]), spikes=st.integers(0, 3), tf32=st.booleans())
+def test_the_screen_never_rejects_what_float64_passes(seed, size, off, error, toward, spikes, tf32):
+    """With the float64 evidence (`screen` of the candidate against float64, the baselines against it): wherever
+    `certainly_rejects` says so, `judge_set` rejects on the full summaries with `ExactEvidence`, although it
+    passes candidates that only float64 finds right. The reference is `off` float64 by a relative amount, the
+    candidate somewhere between them (`toward` float64) plus noise and spikes."""
+    generator = torch.Generator().manual_seed(seed)
+    truth = torch.randn(size, generator=generator, dtype=torch.float64)
+    reference = truth + off * truth.abs().mean() * torch.randn(size, generator=generator, dtype=torch.float64)
+    candidate = reference + toward * (truth - reference)
+    candidate = candidate + error * (1 + truth.abs()) * (torch.rand(size, generator=generator, dtype=torch.float64)
+                                                         * 2 - 1)
+    for _ in range(spikes):
+        index = int(torch.randint(size, (1,), generator=generator))
+        candidate[index] = truth[index] + 10 * error * (1 + abs(float(truth[index])))
+    baseline = reference * (1 + 3e-3) if tf32 else None
+    tf32_error = None if baseline is None else summarize(reference, baseline)
+    tf32_exact = None if baseline is None else summarize(truth, baseline)
+    reference_error = summarize(truth, reference)
+    exact = ExactEvidence(summarize(truth, candidate), tf32_exact, EXACT_AVAILABLE)
+    for protocol in (*PROTOCOLS, _CUSTOM):
+        if certainly_rejects(screen(reference, candidate), tf32_error, protocol, reference_error,
+                             screen(truth, candidate), tf32_exact):
+            assert judge_set(summarize(reference, candidate), tf32_error, protocol, reference_error,
+                             exact)[0] != "passed", protocol.name
+
+
+def test_the_screen_keeps_a_kernel_that_only_float64_finds_right():
+    """A reference 5% off the exact answer: a candidate exact to float64 is far over every limit against it, and
+    the screen would retire it on that alone; given the float64 evidence it keeps it, and `judge_set` passes it."""
+    generator = torch.Generator().manual_seed(8)
+    truth = torch.randn(64, 4096, generator=generator, dtype=torch.float64)
+    reference = truth * (1 + 0.05 * torch.randn(64, 4096, generator=generator, dtype=torch.float64))
+    candidate = truth.clone()
+    reference_error = summarize(truth, reference)
+    assert certainly_rejects(screen(reference, candidate), None, VERIFIED, reference_error)
+    assert not certainly_rejects(screen(reference, candidate), None, VERIFIED, reference_error,
+                                 screen(truth, candidate))
+    exact = ExactEvidence(summarize(truth, candidate), None, EXACT_AVAILABLE)
+    assert judge_set(summarize(reference, candidate), None, VERIFIED, reference_error, exact)[0] == "passed"
+    # kbv and original judge against the fp32 reference alone, float64 evidence or not
+    assert certainly_rejects(screen(reference, candidate), None, KBV, reference_error, screen(truth, candidate))
 
 # ---- chunked reductions in the worker --------------------------------------------------------------------
 

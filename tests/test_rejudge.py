@@ -86,3 +86,71 @@ def test_rejudge_into_writes_a_copy_with_the_new_verdicts_and_leaves_the_store_a
         assert store.runs()[0]["arguments"]["notes"][0]["rejudged"] == "verified"
     with pytest.raises(Exception, match="exists"):
         run_rejudge(store_path, "verified", copy_path)
+
+
+_FP64_KEYS = ("exact_reference", "candidate_vs_fp64", "baseline_vs_fp64")
+
+
+def _before_the_float64_comparison(verdict: Verdict) -> Verdict:
+    """The verdict as a judge that did not compare candidates with float64 would have stored it."""
+    sets = tuple(dataclasses.replace(s, errors={k: v for k, v in s.errors.items() if k not in _FP64_KEYS})
+                 for s in verdict.sets)
+    return dataclasses.replace(verdict, sets=sets)
+
+
+def _one_set(errors: dict, distribution: str = "shifted") -> Verdict:
+    from kbverify.records import SetResult
+
+    base = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
+                   protocol="verified", protocol_sha256="", status=Status.PASSED)
+    sets = tuple(SetResult(f"original/{d}/default/s0", "original", d, "default", 1, True, Status.PASSED,
+                           errors=errors if d == distribution else {"comparison": {"outputs": []}},
+                           guards={"outputs": {}, "deterministic": True})
+                 for d in FAST.distributions)
+    return dataclasses.replace(base, sets=sets)
+
+
+def test_stored_float64_evidence_decides_a_set_the_fp32_reference_fails():
+    """From stored numbers alone: a candidate 50× over the limit against the fp32 reference and within it against
+    float64 passes; the same record without the float64 comparison (made before it existed, or where float64
+    could not be computed) is judged by today's rule, and the set's detail says why where the judge said so."""
+    from kbverify.correctness import EXACT_AVAILABLE
+
+    def part(max_ratio, norm_rel):
+        grid = {repr(t): {"max_ratio": max_ratio, "frac_over": 1.0} for t in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)}
+        return {"ref_shape": [], "cand_shape": [], "ref_dtype": "torch.float32", "cand_dtype": "torch.float32",
+                "nonfinite_mismatch": 0, "ref_nonfinite": 0, "norm_rel": norm_rel, "ref_norm": 1.0,
+                "max_abs_diff": 1.0, "grid": grid}
+
+    errors = {"comparison": {"outputs": [part(50.0, 0.9)]}, "reference_vs_fp64": {"outputs": [part(50.0, 100.0)]},
+              "exact_reference": EXACT_AVAILABLE, "candidate_vs_fp64": {"outputs": [part(1e-3, 1e-5)]}}
+    new = rejudge_verdict(_one_set(errors), FAST)
+    assert new.status is Status.PASSED
+    assert [s.detail for s in new.sets if s.distribution == "shifted"] == ["judged against float64"]
+    old = rejudge_verdict(_before_the_float64_comparison(_one_set(errors)), FAST)
+    assert old.status is Status.INCORRECT and "float64" not in old.message
+    why = "unavailable (the float64 run raised: RuntimeError: no double kernel)"
+    unavailable = rejudge_verdict(_one_set({**errors, "exact_reference": why}), FAST)
+    assert unavailable.status is Status.INCORRECT and unavailable.message.endswith("exact_reference: " + why)
+
+
+@pytest.mark.slow
+def test_a_kl_divergence_closer_to_float64_passes_and_its_record_rejudges_alike():
+    verdict = _check("honest/kl_div_log1p_rows.py", "tasks/basic/level1/16_KLDivLoss.py")
+    assert verdict.status is Status.PASSED, verdict.message
+    shifted = [s for s in verdict.sets if s.distribution == "shifted"]
+    assert shifted and all(s.detail.startswith("judged against float64") for s in shifted)
+    assert all(s.errors["exact_reference"] == "float64" and "outputs" in s.errors["candidate_vs_fp64"]
+               for s in verdict.sets if s.valid)
+    assert rejudge_verdict(verdict, FAST).status is Status.PASSED
+    old = rejudge_verdict(_before_the_float64_comparison(verdict), FAST)
+    assert old.status is Status.INCORRECT and "/shifted/" in old.message
+
+
+@pytest.mark.slow
+def test_a_forward_that_draws_random_numbers_keeps_todays_rule_and_says_so():
+    verdict = _check("honest/matmul_dropout_sum_same_rng.py", "tasks/basic/level2/4_Matmul_Dropout_Sum.py")
+    assert verdict.status is Status.PASSED, verdict.message
+    assert {s.errors["exact_reference"] for s in verdict.sets if s.valid} == {
+        "unavailable (the reference's forward draws random numbers, which a float64 run need not repeat)"}
+    assert not any("candidate_vs_fp64" in s.errors for s in verdict.sets)
