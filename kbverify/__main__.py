@@ -6,6 +6,7 @@ parsing, so those overlap with it instead of preceding it.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -22,29 +23,32 @@ def main() -> None:
 
 def _server_timing(args: list[str]) -> bool | None:
     """Whether the command's workers will run the interleaved timing (what the server preloads, see
-    sandbox.TIMING_PRELOAD); None: start no server here (help, an unknown command, a protocol the command
-    line will reject with its own message)."""
-    if not args or "--help" in args or "-h" in args:
+    sandbox.TIMING_PRELOAD); None: start no server here. Only `check` starts it this early (its cost is seconds,
+    the CLI's own import a tenth of that); `rescore`, `demo` and `audit` start it once their input is validated,
+    and so does `check` wherever this cannot tell its input is sound (help, no --task or a missing one, a protocol
+    the command line will reject with its own message)."""
+    if not args or "--help" in args or "-h" in args or args[0] != "check":
         return None
-    command = args[0]
-    if command in ("rescore", "demo"):
-        return True
-    if command == "audit":
-        return False  # audit workers never time that way
-    if command != "check" or not any(arg == "--task" or arg.startswith("--task=") for arg in args):
-        return None  # check without its task stops at parsing
-    protocol = "verified"  # check's default
-    for index, arg in enumerate(args):
-        if arg == "--protocol" and index + 1 < len(args):
-            protocol = args[index + 1]
-        elif arg.startswith("--protocol="):
-            protocol = arg.partition("=")[2]
+    task = _option_value(args, "--task")
+    if task is None or not os.path.isfile(task):
+        return None
+    protocol = _option_value(args, "--protocol") or "verified"  # check's default
     from kbverify.protocols import parse_protocols
 
     try:
         return any(p.timing == "interleaved" for p in parse_protocols(protocol))
     except Exception:  # noqa: BLE001 - any protocol the command line rejects, it rejects with its own message
         return None
+
+
+def _option_value(args: list[str], option: str) -> str | None:
+    value = None
+    for index, arg in enumerate(args):
+        if arg == option and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(option + "="):
+            value = arg.partition("=")[2]
+    return value
 
 
 if __name__ == "__main__":

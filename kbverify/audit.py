@@ -858,11 +858,14 @@ def load_exclusions(audit_json_path: str | Path, *, protocol: str | None = None)
         raise InputError(f"{path}: cannot read audit: {error}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(f"{path}: not a kbverify audit (expected format {FORMAT})")
+    by_protocol = data.get("exclusions_by_protocol")
     if protocol is None:
-        names = data["exclusions"]
-    elif protocol in data.get("exclusions_by_protocol", {}):
-        names = data["exclusions_by_protocol"][protocol]
+        names = data.get("exclusions")
+    elif isinstance(by_protocol, dict) and protocol in by_protocol:
+        names = by_protocol[protocol]
     else:
         raise InputError(f"{path}: protocol {protocol!r} was not audited "
-                         f"(audited: {', '.join(data.get('protocols', []))})")
+                         f"(audited: {', '.join(map(str, data.get('protocols', [])))})")
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise InputError(f"{path}: its exclusions are not a list of task names")
     return {form for name in names for form in (name, name.rsplit("/", 1)[-1])}

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from kbverify.errors import InputError, KbverifyError
+from kbverify.errors import KbverifyError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="kbverify: is this kernel really correct, and really faster, and how sure are we?")
@@ -29,37 +29,11 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-def _resolve_device(device: str) -> str:
-    """`auto` asks a worker what it sees; the parent itself never imports torch."""
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise InputError(f"unknown device {device!r}: use auto, cpu or cuda")
-    if device == "cpu":
-        return "cpu"
-    if device.startswith("cuda"):
-        # Trusted as asked: the first worker brings CUDA up before any candidate code and fails with exit 3 if
-        # there is none, which saves a probe process per command.
-        return device if ":" in device else "cuda:0"
-    from kbverify.sandbox import run_child
+def _start_workers(*, timing: bool) -> None:
+    """The worker server, started once the input is known to be good (its torch import overlaps what follows)."""
+    from kbverify.sandbox import start_early
 
-    outcome = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all")
-    probe = outcome.result or {}
-    return "cuda:0" if probe.get("cuda_available") else "cpu"
-
-
-def _parse_ps(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise InputError(f"--p takes comma-separated numbers, got {text!r}") from None
-
-
-def _hidden_dirs(given: Optional[Path]) -> tuple[Path, ...]:
-    if given is not None:
-        if not given.is_dir():
-            raise InputError(f"{given}: no such hidden-tests folder")
-        return (given,)
-    bundled = Path(__file__).resolve().parent.parent / "hidden_tests"
-    return (bundled,) if bundled.is_dir() else ()
+    start_early(timing=timing)
 
 
 def _emit(obj) -> None:
@@ -80,33 +54,27 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
           verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Verify one submission (or a folder of them) against its task."""
     _setup_logging(verbose)
-    from kbverify import present, runner
-    from kbverify.protocols import parse_protocols
-    from kbverify.submissions import load_submission
-    from kbverify.tasks import load_task
+    from kbverify import jobs, present, runner, task_probe, validate
 
-    protocols = parse_protocols(protocol)
-    from kbverify.sandbox import start_early
-
-    start_early(timing=any(p.timing == "interleaved" for p in protocols))
-    loaded_task = load_task(task)
-    paths = sorted(submission.glob("*.py")) if submission.is_dir() else [submission]
-    if not paths:
-        raise InputError(f"{submission}: no submission files")
-    submissions = [load_submission(path) for path in paths]
-    options = runner.CheckOptions(device=_resolve_device(device), hidden_dirs=_hidden_dirs(hidden_tests), only=only,
-                                  timeout_s=timeout, secret=secret)
+    request = validate.check(submission=submission, task=task, protocol=protocol, device=device,
+                             hidden_tests=hidden_tests, only=only, min_speedup=min_speedup, secret=secret,
+                             timeout=timeout)
+    _start_workers(timing=any(p.timing == "interleaved" for p in request.protocols))
+    options = runner.CheckOptions(device=jobs.resolve_device(request.device), hidden_dirs=request.hidden_dirs,
+                                  only=request.only, timeout_s=request.timeout_s, secret=request.secret)
     rejected = False
-    for candidate in submissions:
-        verdicts = {p.name: runner.check(loaded_task, candidate, p, options) for p in protocols}
+    for candidate in request.submissions:
+        verdicts = {p.name: task_probe.judge(runner.check, request.task, candidate, p, options)
+                    for p in request.protocols}
         for verdict in verdicts.values():
-            reached = min_speedup is None or (verdict.speedup is not None and verdict.speedup >= min_speedup)
+            reached = request.min_speedup is None or (verdict.speedup is not None
+                                                      and verdict.speedup >= request.min_speedup)
             rejected |= not (verdict.correct and reached)
         if json_out:
-            _emit({"task": loaded_task.name, "submission": candidate.id,
+            _emit({"task": request.task.name, "submission": candidate.id,
                    "verdicts": {name: present.verdict_json(v) for name, v in verdicts.items()}})
         else:
-            sys.stdout.write(present.render_check(loaded_task.name, candidate.id, list(verdicts.values())))
+            sys.stdout.write(present.render_check(request.task.name, candidate.id, list(verdicts.values())))
     raise typer.Exit(1 if rejected else 0)
 
 
@@ -131,13 +99,17 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
     _setup_logging(verbose)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
-    summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
-                               samples=samples, report_dir=report_dir, device=_resolve_device(device),
-                               hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
-                               allow_mixed=allow_mixed, show_progress=not json_out, select=select,
-                               exclude_path=exclude_degenerate)
+    request = validate.rescore(source=source, fmt=format, tasks=tasks, store=store, protocol=protocol,
+                               samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
+                               timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
+                               exclude_degenerate=exclude_degenerate)
+    summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
+                               protocols=request.protocols, samples=request.samples, report_dir=request.report_dir,
+                               device=request.device, hidden_dirs=request.hidden_dirs,
+                               timeout_s=request.timeout_s, limit=request.limit, allow_mixed=request.allow_mixed,
+                               show_progress=not json_out, select=request.select, exclude_path=request.exclude_path)
     if json_out:
         _emit(summary)
     else:
@@ -156,10 +128,12 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
           json_out: bool = typer.Option(False, "--json")):
     """fast_p from stored verdicts, a score JSONL, or KernelBench's own files."""
     _setup_logging(False)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
-    result = jobs.run_score(source, baseline=baseline, level=level, ps=_parse_ps(p),
-                            exclude_path=exclude_degenerate, samples=samples)
+    request = validate.score(source=source, baseline=baseline, level=level, p=p,
+                             exclude_degenerate=exclude_degenerate, samples=samples)
+    result = jobs.run_score(request.source, baseline=request.baseline, level=request.level, ps=request.ps,
+                            exclude_path=request.exclude_path, samples=request.samples)
     if json_out:
         _emit(result["json"])
     else:
@@ -178,10 +152,12 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
           verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Find degenerate and trivially passable tasks."""
     _setup_logging(verbose)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
-    result = jobs.run_audit(tasks, protocols=protocol, out=out, device=_resolve_device(device),
-                            hidden_dirs=_hidden_dirs(hidden_tests))
+    validate.audit(tasks=tasks, protocol=protocol, out=out, device=device, hidden_tests=hidden_tests)
+    _start_workers(timing=False)  # audit workers never time the interleaved way
+    result = jobs.run_audit(tasks, protocols=protocol, out=out, device=jobs.resolve_device(device),
+                            hidden_dirs=validate.hidden_folders(hidden_tests))
     if json_out:
         _emit(result["json"])
     else:
@@ -193,8 +169,9 @@ def hidden_generate(tasks: Path = typer.Argument(...), out: Path = typer.Option(
                     verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Generate and validate hidden-shape manifests for a task folder."""
     _setup_logging(verbose)
-    from kbverify import hidden
+    from kbverify import hidden, validate
 
+    validate.hidden_generate(tasks=tasks, out=out)
     summary = hidden.generate_command(tasks, out)
     sys.stdout.write(json.dumps(summary, default=str) + "\n")
 
@@ -203,8 +180,9 @@ def hidden_generate(tasks: Path = typer.Argument(...), out: Path = typer.Option(
 def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--out")):
     """Write report.json, report.md and report.html from a store."""
     _setup_logging(False)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
+    validate.report(store=store, out=out)
     result = jobs.run_report(store, out)
     sys.stdout.write(result["text"])
     if not result["complete"]:
@@ -217,8 +195,9 @@ def rejudge(store: Path = typer.Argument(...), protocol: str = typer.Option("ver
             into: Path = typer.Option(None, "--into", help="write a copy of the store with the rejudged verdicts")):
     """Recompute stored verdicts under another protocol's rules, without a GPU."""
     _setup_logging(False)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
+    validate.rejudge(store=store, protocol=protocol, into=into)
     result = jobs.run_rejudge(store, protocol, into)
     if json_out:
         _emit(result["json"])
@@ -231,8 +210,9 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
          verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score the bundled example run (honest kernels and cheats) on this machine and print both fast_p tables."""
     _setup_logging(verbose)
-    from kbverify import jobs
+    from kbverify import jobs, validate
 
+    validate.demo(out=out)
     result = jobs.run_demo(out)
     sys.stdout.write(result["text"])
     if not result["complete"]:

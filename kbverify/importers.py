@@ -7,8 +7,11 @@ Three formats:
   scored against its own `ref_code`, which is checked against the known KernelBench versions.
 - `jsonl`: the generic JSON Lines of SPEC §10.
 
-Bad input (an unreadable file, a bad JSON line, a missing key) raises InputError naming the file and line. A
-problem with one entry (no code, its task not found) makes that entry `unverifiable`: its claim is still counted.
+Bad input (an unreadable source, a bad JSON line, a missing key) raises InputError naming the file and line. A
+problem with one entry (no code, its task not found, its kernel file unreadable) makes that entry `unverifiable`:
+its claim is still counted. A file of a run folder that could not be used (an unreadable kernel file, a malformed
+`eval_results.json` or baseline, a `.py` file not named like a kernel) is never skipped in silence: it is logged
+as a warning and listed in `Imported.skipped`.
 """
 
 from __future__ import annotations
@@ -47,14 +50,38 @@ class Entry:
     unverifiable: str | None  # why it cannot be verified; None when it can
     reference_origin: str  # "tasks_dir" | "ref_code" | "jsonl"
     modified_reference: bool | None  # ref_code differs from every known KernelBench version (None: unknown)
+    task_ref: str = ""  # the task as the source names it: "level1/19", or the JSONL's task path
 
     @property
     def verifiable(self) -> bool:
         return self.unverifiable is None
 
 
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file of the source that was not used, and why."""
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Imported:
+    entries: list[Entry]
+    fmt: str  # the format read: kernelbench | cuda-l1 | jsonl (what auto detected)
+    skipped: tuple[SkippedFile, ...] = ()  # files of a run folder that could not be used (each also logged)
+
+
 def load_entries(source: str | Path, *, fmt: str = "auto", tasks_dir: Path | None = None) -> list[Entry]:
     """Every entry of a published run, in source order. Raises InputError on malformed input."""
+    return read_source(source, fmt=fmt, tasks_dir=tasks_dir).entries
+
+
+def read_source(source: str | Path, *, fmt: str = "auto", tasks_dir: Path | None = None) -> Imported:
+    """Every entry of a published run, in source order, and the files of it that could not be used."""
     source = Path(source)
     if fmt not in FORMATS:
         raise InputError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -64,15 +91,18 @@ def load_entries(source: str | Path, *, fmt: str = "auto", tasks_dir: Path | Non
         raise InputError(f"{tasks_dir}: no such tasks folder")
     if fmt == "auto":
         fmt = detect_format(source)
+    skipped: list[SkippedFile] = []
     if fmt == "kernelbench":
-        entries = _load_kernelbench(source, tasks_dir)
+        entries = _load_kernelbench(source, tasks_dir, skipped)
     elif fmt == "cuda-l1":
         entries = _load_cuda_l1(source, tasks_dir)
     else:
         entries = _load_jsonl(source)
     unverifiable = sum(not entry.verifiable for entry in entries)
     log.info("%s: %d entries (%s), %d unverifiable", source, len(entries), fmt, unverifiable)
-    return entries
+    for file in skipped:
+        log.warning("%s: not used: %s", file.path, file.reason)
+    return Imported(entries=entries, fmt=fmt, skipped=tuple(skipped))
 
 
 def detect_format(source: Path) -> str:
@@ -106,15 +136,6 @@ def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         yield number, row
-
-
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot read: {error}") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}: not JSON: {error.msg}") from None
 
 
 def _require(row: dict, keys: tuple[str, ...], where: str) -> None:
@@ -161,46 +182,53 @@ def _no_code_reason(code: object, what: str) -> str | None:
 
 # --- KernelBench run folder --------------------------------------------------------------------------------------
 
-def _load_kernelbench(folder: Path, tasks_dir: Path | None) -> list[Entry]:
+def _load_kernelbench(folder: Path, tasks_dir: Path | None, skipped: list[SkippedFile]) -> list[Entry]:
     if not folder.is_dir():
         raise InputError(f"{folder}: a KernelBench run is a folder of level_L_problem_P_sample_S_kernel.py files")
     kernels = []
-    for path in folder.iterdir():
+    for path in sorted(folder.iterdir()):
         match = KERNEL_FILE.match(path.name)
         if match:
             kernels.append((int(match["level"]), int(match["problem"]), int(match["sample"]), path))
+        elif path.suffix == ".py":
+            skipped.append(SkippedFile(str(path), "not named level_L_problem_P_sample_S_kernel.py"))
     if not kernels:
         raise InputError(f"{folder}: no level_L_problem_P_sample_S_kernel.py files")
     if tasks_dir is None:
         raise InputError(f"{folder}: a KernelBench run names its tasks by id only; give the tasks folder (--tasks)")
     kernels.sort()
-    claims = _kernelbench_claims(folder, levels={level for level, *_ in kernels})
+    claims = _kernelbench_claims(folder, {level for level, *_ in kernels}, skipped)
     tasks: dict[tuple[int, int], Task | str] = {}
     entries = []
     for level, problem_id, sample, path in kernels:
         if (level, problem_id) not in tasks:
             tasks[(level, problem_id)] = _find_task_or_reason(Path(tasks_dir), level, problem_id)
         task = tasks[(level, problem_id)]
-        reason = task if isinstance(task, str) else None
-        submission = None
-        try:
-            code = path.read_text()
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"{path}: cannot read: {error}") from None
-        code_reason = _no_code_reason(code, "the kernel file")
-        if code_reason is None:
-            submission = make_submission(code, id=path.name, path=str(path))
+        submission, code_reason = _kernel_file(path, skipped)
         entries.append(Entry(
             entry_id=f"level{level}/{problem_id}/s{sample}",
             task=None if isinstance(task, str) else task,
             submission=submission,
             level=level, problem_id=problem_id, sample=sample,
             claimed_speedup=claims.get((level, problem_id, sample)),
-            unverifiable=code_reason or reason,
+            unverifiable=code_reason or (task if isinstance(task, str) else None),
             reference_origin="tasks_dir",
             modified_reference=None,
+            task_ref=f"level{level}/{problem_id}",
         ))
     return entries
+
+
+def _kernel_file(path: Path, skipped: list[SkippedFile]) -> tuple[Submission | None, str | None]:
+    """The kernel of one file, or why there is none; an unreadable file makes its entry unverifiable, listed."""
+    try:
+        code = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = f"cannot read the kernel file: {error}"
+        skipped.append(SkippedFile(str(path), reason))
+        return None, reason
+    code_reason = _no_code_reason(code, "the kernel file")
+    return (make_submission(code, id=path.name, path=str(path)) if code_reason is None else None), code_reason
 
 
 def _find_task_or_reason(tasks_dir: Path, level: int, problem_id: int) -> Task | str:
@@ -212,12 +240,17 @@ def _find_task_or_reason(tasks_dir: Path, level: int, problem_id: int) -> Task |
     return task if task is not None else f"task level{level}/{problem_id} not found in {tasks_dir}"
 
 
-def _kernelbench_claims(folder: Path, levels: set[int]) -> dict[tuple[int, int, int], float]:
+def _kernelbench_claims(folder: Path, levels: set[int], skipped: list[SkippedFile]) -> dict[tuple[int, int, int],
+                                                                                             float]:
     """(level, problem, sample) → claimed speedup: eval_results.json ÷ baseline, overridden by claims.jsonl."""
     claims: dict[tuple[int, int, int], float] = {}
     eval_path = folder / "eval_results.json"
-    if eval_path.is_file():
-        claims.update(_eval_results_claims(eval_path, folder, levels))
+    if eval_path.exists():
+        try:
+            claims.update(_eval_results_claims(eval_path, folder, levels))
+        except _Unusable as error:
+            # KernelBench's own files only carry claims: the kernels are re-scored without them, and it is said.
+            skipped.append(SkippedFile(error.path, f"{error.reason}; its claimed speedups are not used"))
     claims_path = folder / "claims.jsonl"
     if claims_path.is_file():
         for number, row in json_lines(claims_path):
@@ -233,7 +266,29 @@ def _kernelbench_claims(folder: Path, levels: set[int]) -> dict[tuple[int, int, 
     return claims
 
 
+class _Unusable(Exception):
+    """A claims file of a run folder that cannot be used (the folder's kernels still can)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = str(path), reason
+
+
+def _read_claims_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise _Unusable(path, f"cannot read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise _Unusable(path, f"not JSON (line {error.lineno}: {error.msg})") from None
+
+
 def _eval_results_claims(eval_path: Path, folder: Path, levels: set[int]) -> dict[tuple[int, int, int], float]:
+    results = _read_claims_json(eval_path)
+    if not isinstance(results, dict) or not all(str(key).isdigit() and isinstance(samples, list)
+                                                and all(isinstance(sample, dict) for sample in samples)
+                                                for key, samples in results.items()):
+        raise _Unusable(eval_path, "expected {\"<problem_id>\": [{sample_id, correctness, runtime}, ...]}")
     baselines = sorted(folder.glob("baseline_time*.json"))
     if not baselines:
         log.info("%s: no baseline_time*.json beside it; runtimes alone give no claimed speedup", eval_path)
@@ -245,30 +300,29 @@ def _eval_results_claims(eval_path: Path, folder: Path, levels: set[int]) -> dic
         raise InputError(f"{eval_path}: keyed by problem id only, but the folder holds levels "
                          f"{', '.join(map(str, sorted(levels)))}; give claims.jsonl instead")
     (level,) = levels
-    baseline = _read_json(baselines[0])
-    if not isinstance(baseline, dict):
-        raise InputError(f"{baselines[0]}: expected {{\"level1\": {{\"19_ReLU.py\": {{\"mean\": ms}}}}}}")
+    baseline = _read_claims_json(baselines[0])
+    if not isinstance(baseline, dict) or not isinstance(baseline.get(f"level{level}", {}), dict):
+        raise _Unusable(baselines[0], "expected {\"level1\": {\"19_ReLU.py\": {\"mean\": ms}}}")
     level_times = baseline.get(f"level{level}", {})
-    results = _read_json(eval_path)
-    if not isinstance(results, dict):
-        raise InputError(f"{eval_path}: expected {{\"<problem_id>\": [{{sample_id, correctness, runtime}}, ...]}}")
     claims = {}
     for problem_key, samples in results.items():
         where = f"{eval_path}: problem {problem_key}"
-        if not str(problem_key).isdigit() or not isinstance(samples, list):
-            raise InputError(f"{where}: expected a problem id mapped to a list of sample results")
         problem_id = int(problem_key)
         baseline_ms = _baseline_mean(level_times, problem_id)
         for sample in samples:
-            if not isinstance(sample, dict):
-                raise InputError(f"{where}: a sample result must be an object")
-            _require(sample, ("sample_id", "correctness", "runtime"), where)
+            missing = [key for key in ("sample_id", "correctness", "runtime") if key not in sample]
+            if missing:
+                raise _Unusable(eval_path, f"problem {problem_key}: a sample result lacks {', '.join(missing)}")
             runtime = sample["runtime"]
             # KernelBench writes runtime -1.0 for a kernel it did not time; such a kernel claims nothing.
             if (not sample["correctness"] or baseline_ms is None or not isinstance(runtime, (int, float))
                     or runtime <= 0):
                 continue
-            claims[(level, problem_id, _int_field(sample, "sample_id", where))] = baseline_ms / runtime
+            try:
+                sample_id = _int_field(sample, "sample_id", where)
+            except InputError as error:
+                raise _Unusable(eval_path, str(error).removeprefix(f"{eval_path}: ")) from None
+            claims[(level, problem_id, sample_id)] = baseline_ms / runtime
     return claims
 
 
@@ -321,6 +375,7 @@ def _cuda_l1_entry(row: dict, level: int, problem_id: int, tasks_dir: Path | Non
         entry_id=entry_id, task=task, submission=submission, level=level, problem_id=problem_id, sample=0,
         claimed_speedup=_speedup_field(row, "score_default", where),
         unverifiable=code_reason or reason, reference_origin="ref_code", modified_reference=modified,
+        task_ref=f"level{level}/{problem_id}",
     )
 
 
@@ -402,6 +457,7 @@ def _jsonl_entry(row: dict, root: Path, where: str) -> Entry:
         entry_id=entry_id, task=task, submission=submission, level=level, problem_id=problem_id, sample=sample,
         claimed_speedup=_speedup_field(row, "claimed_speedup", where),
         unverifiable=code_reason or reason, reference_origin=origin, modified_reference=modified,
+        task_ref=row["task"],
     )
 
 

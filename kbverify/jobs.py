@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify.errors import InputError
@@ -92,23 +94,65 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
                 title: str | None = None, select: Path | None = None, exclude_path: Path | None = None) -> dict:
-    """`exclude_path`: an audit whose degenerate tasks leave the printed fast_p tables (listed there); the store
-    and the reports keep every verdict."""
-    from kbverify import present
-    from kbverify.importers import load_entries
-    from kbverify.rescore import plan_units, planned_unit, rescore
+    """`device`: auto, cpu, cuda or cuda:N. `exclude_path`: an audit whose degenerate tasks leave the printed
+    fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
+    and the store can be refused for is checked before the first worker starts."""
+    from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
+    plan = _plan_rescore(source, fmt=fmt, tasks=tasks, protocols=protocols, samples=samples, limit=limit,
+                         select=select, exclude_path=exclude_path, protocol_overrides=protocol_overrides)
+    units = plan_units(plan.entries, plan.protocols)
+    _refuse_store_conflicts(store_path, units)
+    from kbverify.sandbox import start_early
+
+    start_early(timing=True)  # the input is sound: the worker server's torch import overlaps what follows
+    device = resolve_device(device)
+    options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
+    devices = _devices_for(device)
+    bar, update = _progress_printer(show_progress)
+    with Store(store_path) as store:
+        arguments = {"source": str(source), "protocols": [p.name for p in plan.protocols],
+                     "allow_mixed": allow_mixed}
+        with bar or contextlib.nullcontext():
+            summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
+                              options=options, progress=update, arguments=arguments)
+        # This source's units only: a store may also hold other runs' verdicts.
+        planned = {unit.key for unit in units}
+        stored = {key: v for key, v in store.verdicts() if key in planned}
+    return _rescore_result(plan, units, stored, summary, source=source, store_path=store_path, samples=samples,
+                           report_dir=report_dir, title=title)
+
+
+@dataclass(frozen=True)
+class _RescorePlan:
+    entries: list
+    protocols: list
+    exclude: set | None
+    skipped: tuple  # kbverify.importers.SkippedFile
+    tasks_not_found: tuple[str, ...]
+
+
+def _plan_rescore(source: Path, *, fmt: str, tasks: Path | None, protocols: str, samples: str, limit: int | None,
+                  select: Path | None, exclude_path: Path | None, protocol_overrides: dict | None) -> _RescorePlan:
+    """The entries and protocols of a rescore, every input checked (InputError) before anything runs."""
+    from kbverify.importers import read_source
+    from kbverify.task_match import require_tasks_fit
+
     if samples not in ("first", "best"):
         raise InputError("--samples is first or best")
-    entries = load_entries(source, fmt=fmt, tasks_dir=tasks)
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: give a number of entries, at least 1")
+    imported = read_source(source, fmt=fmt, tasks_dir=tasks)
+    entries = imported.entries
     if select is not None:
         entries = select_entries(entries, select)
     if limit is not None:
         entries = entries[:limit]
     if not entries:
         raise InputError(f"{source}: no entries to re-score")
+    match = require_tasks_fit(entries, fmt=imported.fmt, source=source, tasks_dir=tasks)
     exclude = None
     if exclude_path is not None:  # read before hours of evaluation, so a bad path fails now
         from kbverify.audit import load_exclusions
@@ -118,53 +162,62 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     chosen = parse_protocols(protocols)
     if protocol_overrides:
         chosen = [p.with_overrides(**protocol_overrides.get(p.name, {})) for p in chosen]
-    options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
-    devices = _devices_for(device)
-    bar, update = _progress_printer(show_progress)
+    return _RescorePlan(entries=entries, protocols=chosen, exclude=exclude, skipped=imported.skipped,
+                        tasks_not_found=match.missing)
+
+
+def _refuse_store_conflicts(store_path: Path, units) -> None:
+    """An existing store must read back and hold no other version of these units; a new one is not made yet."""
+    from kbverify.rescore import planned_unit
+    from kbverify.store import Store
+
+    if not store_path.exists():
+        return
     with Store(store_path) as store:
-        arguments = {"source": str(source), "protocols": [p.name for p in chosen], "allow_mixed": allow_mixed}
-        if bar:
-            with bar:
-                summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                                  options=options, progress=update, arguments=arguments)
-        else:
-            summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                              options=options, arguments=arguments)
-        # This source's units only: a store may also hold other runs' verdicts.
-        units = plan_units(entries, chosen)
-        planned = {unit.key for unit in units}
-        stored = {key: v for key, v in store.verdicts() if key in planned}
+        store.refuse_conflicts({unit.key: planned_unit(unit) for unit in units})
+
+
+def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
+                    samples: str, report_dir: Path | None, title: str | None) -> dict:
+    from kbverify import present
+    from kbverify.rescore import planned_unit
+
     verdicts = list(stored.values())
     # A unit an infrastructure error left without a verdict counts neither way, so the tables cover fewer tasks
     # than the run has: said first and last, and the command exits 3, so the numbers are not taken for final.
     missing_units = [planned_unit(unit) for unit in units if unit.key not in stored]
     missing = [unit["name"] for unit in missing_units]
-    incomplete = incomplete_line(len(missing), len(planned)) if missing else ""
-    tables = tables_by_protocol(verdicts, P_VALUES, samples, exclude)
+    incomplete = incomplete_line(len(missing), len(units)) if missing else ""
+    tables = tables_by_protocol(verdicts, P_VALUES, samples, plan.exclude)
     text = incomplete + present.render_fast_p(tables, P_VALUES)
     bound = None
     if missing_units:
-        bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, exclude)
+        bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, plan.exclude)
         text += _bound_text(bound, P_VALUES)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")
     text += _changes_text(verdicts)
-    for error in summary.errors:
-        text += f"infrastructure error (not counted): {error}\n"
+    text += "".join(f"infrastructure error (not counted): {error}\n" for error in summary.errors)
+    text += "".join(f"not read: {file.path}: {file.reason}\n" for file in plan.skipped)
+    if plan.tasks_not_found:
+        text += (f"tasks not found ({len(plan.tasks_not_found)}, their entries unverifiable): "
+                 f"{', '.join(plan.tasks_not_found)}\n")
     paths = {}
     if report_dir is not None:
         from kbverify.report import write_reports
 
         title = title or f"kbverify re-score of {source.name}"
         if missing:
-            title += f" (INCOMPLETE: {len(missing)} of {len(planned)} units without a verdict)"
+            title += f" (INCOMPLETE: {len(missing)} of {len(units)} units without a verdict)"
         paths = write_reports(verdicts, report_dir, title=title, samples=samples)
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
             "complete": not missing, "missing_units": missing, "tables_counting_missing_as_failed": bound,
-            "reports": {k: str(v) for k, v in paths.items()}}
+            "reports": {k: str(v) for k, v in paths.items()},
+            "skipped_files": [file.to_dict() for file in plan.skipped],
+            "tasks_not_found": list(plan.tasks_not_found)}
 
 
 def _require_distinct_samples(entries) -> None:
@@ -179,6 +232,21 @@ def _require_distinct_samples(entries) -> None:
             raise InputError(f"entries {seen[key]!r} and {entry.entry_id!r} are both sample {entry.sample} of task "
                              f"{key[1]}: give each its own 'sample'")
         seen[key] = entry.entry_id
+
+
+def resolve_device(device: str) -> str:
+    """`auto` asks a worker what it sees; the parent itself never imports torch. `device` is validated
+    (`kbverify.validate.device_name`)."""
+    if device == "cpu":
+        return "cpu"
+    if device.startswith("cuda"):
+        # Trusted as asked: the first worker brings CUDA up before any candidate code and fails with exit 3 if
+        # there is none, which saves a probe process per command.
+        return device if ":" in device else "cuda:0"
+    from kbverify.sandbox import run_child
+
+    probe = run_child("probe", {"device": "cpu"}, timeout_s=120, device="cuda:all").result or {}
+    return "cuda:0" if probe.get("cuda_available") else "cpu"
 
 
 def _devices_for(device: str) -> list[str]:
@@ -353,14 +421,19 @@ def run_demo(out: Path) -> dict:
     """The bundled example: a small published run with honest kernels and cheats, re-scored on this machine."""
     if not DEMO_RUN.is_dir() or not DEMO_TASKS.is_dir():
         raise InputError("the bundled example is missing: run the demo from a checkout of the repository")
-    out.mkdir(parents=True, exist_ok=True)
+    from kbverify.store import StoreConflict
+
     started = time.monotonic()
     # A short timing budget keeps the demo to a couple of minutes on two CPU cores; the statistics are the same.
-    result = run_rescore(DEMO_RUN, fmt="kernelbench", tasks=DEMO_TASKS, store_path=out / "store.sqlite",
-                         protocols="original,verified", samples="first", report_dir=out / "report",
-                         device="cpu", hidden_dirs=[REPO_ROOT / "hidden_tests"], timeout_s=300.0,
-                         show_progress=True, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
-                         title="kbverify demo: the bundled example run")
+    try:
+        result = run_rescore(DEMO_RUN, fmt="kernelbench", tasks=DEMO_TASKS, store_path=out / "store.sqlite",
+                             protocols="original,verified", samples="first", report_dir=out / "report",
+                             device="cpu", hidden_dirs=[REPO_ROOT / "hidden_tests"], timeout_s=300.0,
+                             show_progress=True, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
+                             title="kbverify demo: the bundled example run")
+    except StoreConflict:
+        raise InputError(f"--out {out}: holds an earlier demo's store, made by another version of the demo; "
+                         f"remove it or give --out another folder") from None
     header = (f"kbverify demo: {DEMO_RUN.relative_to(REPO_ROOT)} re-scored against "
               f"{DEMO_TASKS.relative_to(REPO_ROOT)} on the CPU under original and verified\n")
     result["text"] = header + result["text"] + f"demo finished in {time.monotonic() - started:.0f} s\n"

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify.errors import InputError
+from kbverify.inputs import KERNELBENCH_TRIAL_SEEDS
 
 # mixed_sign: per-element random signs (SPEC §3); the verified preset uses every distribution
 ALL_DISTRIBUTIONS = ("x1", "x3", "x0.01", "neg", "shifted", "wide", "mixed_sign")
@@ -116,21 +118,83 @@ def get_protocol(spec: str) -> Protocol:
         raise InputError(f"unknown protocol {spec!r}: use one of {', '.join(PRESETS)} or a protocol file")
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputError(f"{path}: not a protocol file: {error}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a protocol file holds a JSON object")
     base_name = data.pop("base", "verified")
-    if base_name not in PRESETS:
-        raise InputError(f"{path}: unknown base protocol {base_name!r}")
+    if not isinstance(base_name, str) or base_name not in PRESETS:
+        raise InputError(f"{path}: unknown base protocol {base_name!r}: use one of {', '.join(PRESETS)}")
     data.setdefault("name", path.stem)
-    return PRESETS[base_name].with_overrides(**data)
+    base = PRESETS[base_name]
+    try:
+        return base.with_overrides(**{key: _checked_field(key, value, base) for key, value in data.items()})
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
+
+
+# What a protocol file may set each field to, beyond its type (a field not listed keeps its preset's type; a test
+# sets every field to its preset value through a file, so a new field cannot be left unloadable).
+_CHOICES = {"rule": ("allclose", "verified"), "seeds": ("kernelbench", "secret"),
+            "timing": ("kernelbench", "interleaved"), "samples": ("first", "best")}
+_NON_NEGATIVE = ("atol", "rtol", "norm_rtol", "baseline_allowance", "device_warmup_s", "timing_budget_s",
+                 "ci_half_width", "warmup_calls")
+_AT_LEAST_ONE = ("trials", "timing_trials")
+_OPTIONAL = ("norm_rtol", "baseline_allowance")
+
+
+def _checked_field(key: str, value, base: Protocol):
+    """`value` for field `key` if it has the field's type and range; InputError naming the field otherwise."""
+    fields = {f.name: f for f in dataclasses.fields(Protocol)}
+    if key not in fields:
+        raise InputError(f"unknown field {key!r} (a protocol file sets fields of Protocol)")
+    current = getattr(base, key)
+    if value is None and key in _OPTIONAL:
+        return None
+    if key in ("distributions", "rerandomized_distributions"):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise InputError(f"{key} must be a list of distribution names ({', '.join(ALL_DISTRIBUTIONS)})")
+        if key == "distributions" and not value:
+            raise InputError("distributions must name at least one distribution")
+        return value
+    if key == "name":
+        if not isinstance(value, str) or not value.strip() or "," in value:
+            raise InputError(f"name must be a non-empty string without commas, got {value!r}")
+        return value
+    if isinstance(current, bool) or key in _CHOICES:
+        expected = _CHOICES.get(key, (True, False))
+        if value not in expected or type(value) is not type(expected[0]):
+            raise InputError(f"{key} must be one of {', '.join(map(json.dumps, expected))}, got {json.dumps(value)}")
+        return value
+    return _checked_number(key, value, integer=isinstance(current, int))
+
+
+def _checked_number(key: str, value, *, integer: bool):
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise InputError(f"{key} must be {'an integer' if integer else 'a number'}, got {json.dumps(value)}")
+    if not math.isfinite(value):
+        raise InputError(f"{key} must be finite, got {value}")
+    low = 1 if key in _AT_LEAST_ONE else 0
+    if key in _AT_LEAST_ONE + _NON_NEGATIVE and value < low:
+        raise InputError(f"{key} must be at least {low}, got {value}")
+    return value if integer else float(value)
 
 
 def parse_protocols(specs: str) -> list[Protocol]:
-    """`original,verified` → both, in the order given, without duplicates."""
+    """`original,verified` → both, in the order given, without duplicates. Two protocols of one name would write
+    their verdicts over each other's, so they are refused."""
     names = [s.strip() for s in specs.split(",") if s.strip()]
     if not names:
         raise InputError("no protocol given")
     protocols = [get_protocol(name) for name in dict.fromkeys(names)]
+    seen: dict[str, str] = {}
+    for spec, protocol in zip(dict.fromkeys(names), protocols):
+        if protocol.name in seen:
+            raise InputError(f"--protocol: {seen[protocol.name]} and {spec} are both named {protocol.name!r}; give "
+                             f"the protocol file another \"name\"")
+        seen[protocol.name] = spec
+    for protocol in protocols:
+        if protocol.seeds == "kernelbench" and protocol.trials > len(KERNELBENCH_TRIAL_SEEDS):
+            raise InputError(f"protocol {protocol.name}: seeds \"kernelbench\" has {len(KERNELBENCH_TRIAL_SEEDS)} "
+                             f"trial seeds, trials is {protocol.trials}")
     return protocols

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kbverify import provenance as provenance_module
-from kbverify.errors import InfrastructureError
+from kbverify import task_probe
+from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict, task_label
@@ -182,10 +183,12 @@ def planned_unit(unit: Unit) -> dict:
     """What a store keeps of a planned unit: its name, and what scores it as a failure if it never gets a verdict
     (the task as the score tables name it, its level, sample and protocol)."""
     task = unit.entry.task
-    label = unit.entry.entry_id if task is None else task_label(task.name, task.level)
-    return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": label,
-            "level": task.level if task is not None else unit.entry.level, "sample": unit.entry.sample,
-            "protocol": unit.protocol.name}
+    level = task.level if task is not None else unit.entry.level
+    # The task as its verdict will name it (`unverifiable_verdict` for an entry without a task), so a store can
+    # tell a second version of one unit from another unit (`Store.refuse_conflicts`).
+    return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": task_label(entry_task_name(unit.entry),
+                                                                                         level),
+            "level": level, "sample": unit.entry.sample, "protocol": unit.protocol.name}
 
 
 class _LockedCache:
@@ -207,8 +210,11 @@ def evaluate_unit(unit: Unit, options: CheckOptions, store: Store | None = None,
                   lock: threading.Lock | None = None) -> Verdict:
     entry = unit.entry
     cache = _LockedCache(store, lock) if store is not None and lock is not None else None
-    verdict = check(entry.task, entry.submission, unit.protocol, options, sample=entry.sample,
-                    claimed_speedup=entry.claimed_speedup, margin_cache=cache)
+    try:
+        verdict = task_probe.judge(check, entry.task, entry.submission, unit.protocol, options, sample=entry.sample,
+                                   claimed_speedup=entry.claimed_speedup, margin_cache=cache)
+    except TaskError as error:  # the task's problem: no verdict on the kernel, its claim stays unverified
+        return dataclasses.replace(unverifiable_verdict(entry, unit.protocol), message=str(error))
     verdict = dataclasses.replace(verdict, submission=entry.entry_id)
     if entry.modified_reference:
         verdict = dataclasses.replace(verdict, warnings=verdict.warnings + (Warn.MODIFIED_REFERENCE.value,))

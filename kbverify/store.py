@@ -1,5 +1,11 @@
 """Results store: SQLite (stdlib, WAL). One row per finished unit of work, written in one transaction, so a
-killed run resumes where it stopped and never loses or duplicates a verdict (SPEC §7)."""
+killed run resumes where it stopped and never loses or duplicates a verdict (SPEC §7).
+
+A store holds one verdict per task, sample and protocol name: that is how `score` and `report` read it. A run
+whose plan would add a second one (another kernel for the same sample, another version of the task, a protocol
+file that reuses a name) is refused before it starts (`StoreConflict`), and so is another machine's run unless
+the mix is asked for. A record that does not read back is an InputError naming the store, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,14 @@ from pathlib import Path
 
 from kbverify.errors import InputError
 from kbverify.provenance import compat_key
-from kbverify.records import Verdict
+from kbverify.records import Verdict, task_label
+
+_OURS = {"runs", "verdicts", "audit", "cache"}
+_EXAMPLES = 3
+
+
+class StoreConflict(InputError):
+    """The run would put a second verdict for one task, sample and protocol into the store."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -38,6 +51,12 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not tables & _OURS:
+                # Someone else's database: adding our tables to it would be a half-written result of our own.
+                self._db.close()
+                raise InputError(f"{self.path}: not a kbverify store (an SQLite database with tables "
+                                 f"{', '.join(sorted(tables)[:_EXAMPLES])})")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
@@ -55,18 +74,57 @@ class Store:
 
     # -- runs --------------------------------------------------------------------------------------------
     def begin_run(self, run_id: str, provenance: dict, arguments: dict, *, allow_mixed: bool = False) -> None:
+        """Record a run; refused (nothing written) when it is another machine's and `allow_mixed` is not set, or
+        when its `planned_units` conflict with what the store holds (`refuse_conflicts`)."""
         key = compat_key(provenance)
         others = {row[0] for row in self._db.execute("SELECT DISTINCT compat_key FROM runs")}
         if others and key not in others and not allow_mixed:
             raise InputError(f"{self.path}: holds results from another machine/software ({sorted(others)[0]}); "
                              f"this one is {key}. Use a new store or pass --allow-mixed to mark the mix")
+        self.refuse_conflicts(arguments.get("planned_units") or {})
         self._db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?)",
                          (run_id, time.time(), key, json.dumps(provenance), json.dumps(arguments)))
 
+    def refuse_conflicts(self, planned: dict[str, dict]) -> None:
+        """Raise StoreConflict when a planned unit (`kbverify.rescore.planned_unit`, by unit key) is for the same
+        task, sample and protocol as a unit the store holds or another run planned, under another key."""
+        held = self._identities()
+        clashes = [(unit, held[identity]) for unit_key, unit in planned.items()
+                   if (identity := _identity(unit["protocol"], unit["task"], unit["sample"])) in held
+                   and held[identity][0] != unit_key]
+        if not clashes:
+            return
+        unit, (_, run) = clashes[0]
+        origin = f"run {run['run_id']} of {run['arguments'].get('source', '?')}" if run else "an earlier run"
+        raise StoreConflict(
+            f"{self.path}: {len(clashes)} of this run's {len(planned)} units are already there in another version "
+            f"(e.g. {unit['task']} sample {unit['sample']} under {unit['protocol']}, from {origin}): another "
+            f"kernel, task file or protocol setting. Re-score into a new store, or repeat that run's source and "
+            f"protocols to resume it")
+
+    def _identities(self) -> dict[tuple, tuple[str, dict | None]]:
+        """(protocol, task, sample) → (unit key, the run that holds it) for every verdict and planned unit."""
+        held: dict[tuple, tuple[str, dict | None]] = {}
+        runs = self.runs()
+        for run in runs:
+            for unit_key, unit in (run["arguments"].get("planned_units") or {}).items():
+                held.setdefault(_identity(unit["protocol"], unit["task"], unit["sample"]), (unit_key, run))
+        by_id = {run["run_id"]: run for run in runs}
+        for unit_key, run_id, verdict in self._verdict_rows():
+            identity = _identity(verdict.protocol, task_label(verdict.task_name, verdict.level), verdict.sample)
+            held.setdefault(identity, (unit_key, by_id.get(run_id)))
+        return held
+
     def runs(self) -> list[dict]:
         rows = self._db.execute("SELECT run_id, started, compat_key, provenance, arguments FROM runs ORDER BY started")
-        return [{"run_id": r[0], "started": r[1], "compat_key": r[2], "provenance": json.loads(r[3]),
-                 "arguments": json.loads(r[4])} for r in rows]
+        runs = []
+        for row in rows:
+            try:
+                runs.append({"run_id": row[0], "started": row[1], "compat_key": row[2],
+                             "provenance": json.loads(row[3]), "arguments": _object(json.loads(row[4]))})
+            except (TypeError, ValueError) as error:
+                raise self._corrupted(f"the record of run {row[0]}", error) from None
+        return runs
 
     def units_without_verdict(self) -> list[dict]:
         """The units some run planned that have no verdict (an infrastructure error, or a cut run), as the run
@@ -102,8 +160,21 @@ class Store:
                          (verdict.status.value, json.dumps(verdict.to_dict()), unit_key))
 
     def verdicts(self) -> list[tuple[str, Verdict]]:
-        rows = self._db.execute("SELECT unit_key, record FROM verdicts ORDER BY written")
-        return [(key, Verdict.from_dict(json.loads(record))) for key, record in rows]
+        return [(key, verdict) for key, _, verdict in self._verdict_rows()]
+
+    def _verdict_rows(self) -> list[tuple[str, str, Verdict]]:
+        rows = self._db.execute("SELECT unit_key, run_id, record FROM verdicts ORDER BY written")
+        read = []
+        for key, run_id, record in rows:
+            try:
+                read.append((key, run_id, Verdict.from_dict(_object(json.loads(record)))))
+            except (TypeError, ValueError, KeyError, AttributeError) as error:
+                raise self._corrupted(f"the verdict of unit {str(key)[:12]}", error) from None
+        return read
+
+    def _corrupted(self, what: str, error: Exception) -> InputError:
+        return InputError(f"{self.path}: {what} does not read back ({type(error).__name__}: {error}); the store is "
+                          f"damaged: restore it from a copy, or re-score into a new store")
 
     def count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
@@ -126,3 +197,13 @@ class Store:
 
     def cache_put(self, key: str, value) -> None:
         self._db.execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?)", (key, json.dumps(value), time.time()))
+
+
+def _identity(protocol: str, task: str, sample) -> tuple:
+    return protocol, task, sample
+
+
+def _object(value) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value

@@ -335,17 +335,46 @@ def test_check_preloads_the_timing_workers_scipy_only_when_timing_rounds_will_ru
     assert ("scipy.stats" in sandbox.preload(timing=timing)) is timing
 
 
-def test_the_entry_point_starts_the_server_with_what_the_command_will_need():
+def test_the_entry_point_starts_the_server_with_what_the_command_will_need(tmp_path):
     from kbverify.__main__ import _server_timing
 
-    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol", "original"]) is False
-    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol=original,verified"]) is True
-    assert _server_timing(["check", "s.py", "--task", "t.py"]) is True  # verified, check's default, times interleaved
-    assert _server_timing(["audit", "tasks/"]) is False
-    assert _server_timing(["rescore", "run.jsonl"]) is True
-    # nothing to start for help, unknown commands, or a protocol the command line will reject itself
+    task = write(tmp_path / "t.py", RELU.read_text())
+    assert _server_timing(["check", "s.py", "--task", str(task), "--protocol", "original"]) is False
+    assert _server_timing(["check", "s.py", "--task", str(task), "--protocol=original,verified"]) is True
+    assert _server_timing(["check", "s.py", f"--task={task}"]) is True  # verified, check's default, times interleaved
+    # the other commands start it once their input is validated, so bad input never starts a worker
+    assert _server_timing(["audit", "tasks/"]) is None
+    assert _server_timing(["rescore", "run.jsonl"]) is None
+    # nothing to start for help, unknown commands, or input the command line will reject itself
     assert _server_timing(["check", "--help"]) is None
     assert _server_timing(["score", "x.jsonl"]) is None
-    assert _server_timing(["check", "s.py", "--task", "t.py", "--protocol", "no-such-protocol"]) is None
+    assert _server_timing(["check", "s.py", "--task", str(task), "--protocol", "no-such-protocol"]) is None
     assert _server_timing(["check", "s.py", "--protocol", "original"]) is None  # no --task: a usage error
+    assert _server_timing(["check", "s.py", "--task", str(tmp_path / "missing.py")]) is None
     assert _server_timing([]) is None
+
+
+@pytest.mark.parametrize("device, cuda_available, resolved", [("auto", False, "cpu"), ("auto", True, "cuda:0"),
+                                                               ("cuda", None, "cuda:0"), ("cuda:1", None, "cuda:1")])
+def test_check_resolves_the_device_after_validating_it(monkeypatch, device, cuda_available, resolved):
+    from typer.testing import CliRunner
+
+    from kbverify import cli, runner, sandbox
+    from kbverify.records import Verdict
+    from kbverify.status import Status
+
+    used = []
+
+    def check(task, submission, protocol, options, **fields):
+        used.append(options.device)
+        return Verdict(task=task.key, task_name=task.name, level=1, problem_id=1, submission=submission.id,
+                       submission_sha256="", protocol=protocol.name, protocol_sha256="", status=Status.PASSED)
+
+    probe = sandbox.ChildOutcome({"cuda_available": cuda_available}, 0, False, "", "", "", 0, 0.1)
+    monkeypatch.setattr(sandbox, "start_early", lambda **kwargs: None)
+    monkeypatch.setattr(sandbox, "run_child", lambda job, payload, **kwargs: probe)
+    monkeypatch.setattr(runner, "check", check)
+    result = CliRunner().invoke(cli.app, ["check", str(RELU), "--task", str(RELU), "--protocol", "original",
+                                          "--device", device])
+    assert result.exit_code == 0, result.output
+    assert used == [resolved]

@@ -133,6 +133,74 @@ def test_kernelbench_bad_claims_line_is_named(tmp_path, tasks_dir):
         load_entries(run, tasks_dir=tasks_dir)
 
 
+# --- files a run folder could not use are reported, never skipped in silence (issue 21) -----------------------------
+
+@pytest.mark.parametrize("eval_results, with_baseline, reason", [
+    ("{not json", False, "not JSON"),
+    ("{not json", True, "not JSON"),
+    (json.dumps([1, 2]), False, "expected"),
+    (json.dumps({"19": "fast"}), True, "expected"),
+    (json.dumps({"19": [{"sample_id": 0, "runtime": 0.5}]}), True, "lacks correctness"),
+    (b"\xff\xfe\x00", False, "cannot read"),
+])
+def test_a_malformed_eval_results_is_reported_and_its_claims_dropped(tmp_path, tasks_dir, caplog, eval_results,
+                                                                     with_baseline, reason):
+    from kbverify.importers import read_source
+
+    run = make_run(tmp_path)
+    path = run / "eval_results.json"
+    (path.write_bytes if isinstance(eval_results, bytes) else path.write_text)(eval_results)
+    if with_baseline:
+        (run / "baseline_time_torch.json").write_text(json.dumps({"level1": {"19_ReLU.py": {"mean": 2.0}}}))
+    with caplog.at_level("WARNING", logger="kbverify.importers"):
+        imported = read_source(run, tasks_dir=tasks_dir)
+    assert [(file.path, reason in file.reason) for file in imported.skipped] == [(str(path), True)]
+    assert "claimed speedups are not used" in imported.skipped[0].reason
+    assert len(imported.entries) == 4 and all(entry.claimed_speedup is None for entry in imported.entries)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(path) in warnings[0] and reason in warnings[0]
+
+
+def test_a_malformed_baseline_is_reported(tmp_path, tasks_dir):
+    from kbverify.importers import read_source
+
+    run = make_run(tmp_path)
+    (run / "eval_results.json").write_text(json.dumps({"19": [{"sample_id": 0, "correctness": True,
+                                                               "runtime": 0.5}]}))
+    (run / "baseline_time_torch.json").write_text(json.dumps({"level1": [1, 2]}))
+    imported = read_source(run, tasks_dir=tasks_dir)
+    assert [Path(file.path).name for file in imported.skipped] == ["baseline_time_torch.json"]
+
+
+def test_an_unreadable_kernel_file_is_an_unverifiable_entry_and_reported(tmp_path, tasks_dir, caplog):
+    from kbverify.importers import read_source
+
+    run = make_run(tmp_path)
+    (run / "level_1_problem_19_sample_1_kernel.py").write_bytes(b"\xff\xfeclass ModelNew: pass")
+    (run / "level1_problem_20_sample_0_kernel.py").write_text(KERNEL)  # a near miss of the naming scheme
+    with caplog.at_level("WARNING", logger="kbverify.importers"):
+        imported = read_source(run, tasks_dir=tasks_dir)
+    by_id = {entry.entry_id: entry for entry in imported.entries}
+    unreadable = by_id["level1/19/s1"]
+    assert unreadable.submission is None and "cannot read the kernel file" in unreadable.unverifiable
+    reasons = {Path(file.path).name: file.reason for file in imported.skipped}
+    assert set(reasons) == {"level_1_problem_19_sample_1_kernel.py", "level1_problem_20_sample_0_kernel.py"}
+    assert "not named level_L_problem_P_sample_S_kernel.py" in reasons["level1_problem_20_sample_0_kernel.py"]
+    assert sum(record.levelname == "WARNING" for record in caplog.records) == 2
+    assert load_entries(run, tasks_dir=tasks_dir) == imported.entries  # the list-only entry point reads the same
+
+
+def test_a_sound_run_folder_reports_nothing(tmp_path, tasks_dir):
+    from kbverify.importers import read_source
+
+    run = make_run(tmp_path)
+    (run / "eval_results.json").write_text(json.dumps({"19": [{"sample_id": 0, "correctness": True,
+                                                               "runtime": 0.5}]}))
+    imported = read_source(run, tasks_dir=tasks_dir)
+    assert imported.skipped == () and imported.fmt == "kernelbench"
+    assert [entry.task_ref for entry in imported.entries] == ["level1/19", "level1/19", "level1/20", "level1/77"]
+
+
 # --- CUDA-L1 ---------------------------------------------------------------------------------------------------------
 
 def cuda_l1_row(task_id: int, custom_code, score) -> dict:

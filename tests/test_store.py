@@ -70,3 +70,90 @@ def test_a_file_that_is_not_a_store_is_a_clear_error(tmp_path):
     bogus.write_text("hello, this is not sqlite" * 100)
     with pytest.raises(InputError, match="not a kbverify store"):
         Store(bogus)
+
+
+# --- one verdict per task, sample and protocol (issue 21) -------------------------------------------------------------
+
+def _planned(task="level1/t", sample=0, protocol="verified"):
+    return {"name": f"{task} [{protocol}]", "task": task, "level": 1, "sample": sample, "protocol": protocol}
+
+
+def test_a_run_with_another_version_of_a_stored_unit_is_refused_and_nothing_is_written(tmp_path):
+    """A second rescore of other kernels (or another task file, or a protocol file reusing a name) into a store once
+    left `score` and `report` failing with "the same sample id appears more than once"."""
+    from kbverify.store import StoreConflict
+
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.begin_run("r1", MACHINE, {"source": "first.jsonl", "planned_units": {"u1": _planned()}})
+        store.put("u1", "r1", _verdict())
+    with Store(path) as store:
+        with pytest.raises(StoreConflict, match=r"1 of this run's 2 units .* level1/t sample 0 under verified, "
+                                                r"from run r1 of first\.jsonl.*new store"):
+            store.begin_run("r2", MACHINE, {"source": "second.jsonl",
+                                            "planned_units": {"u1-v2": _planned(), "u2": _planned(sample=1)}})
+        assert [run["run_id"] for run in store.runs()] == ["r1"] and store.count() == 1
+        # the same units resume; other samples, tasks or protocols are other units
+        store.begin_run("r3", MACHINE, {"planned_units": {"u1": _planned(), "u2": _planned(sample=1),
+                                                          "u3": _planned(protocol="original"),
+                                                          "u4": _planned(task="level1/other")}})
+        assert [run["run_id"] for run in store.runs()] == ["r1", "r3"]
+
+
+def test_a_unit_another_run_planned_but_never_finished_counts_as_held(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.begin_run("r1", MACHINE, {"source": "cut.jsonl", "planned_units": {"u1": _planned()}})
+        with pytest.raises(InputError, match="already there in another version"):
+            store.refuse_conflicts({"u1-v2": _planned()})
+
+
+def test_a_verdict_without_a_plan_is_held_under_the_name_the_score_tables_give_it(tmp_path):
+    """Stores written before runs kept their plan: the verdict's own task label, sample and protocol decide."""
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.begin_run("r1", MACHINE, {})
+        store.put("u1", "r1", _verdict("7_Gelu"))
+        with pytest.raises(InputError, match="level1/7_Gelu sample 0"):
+            store.refuse_conflicts({"u9": _planned(task="level1/7_Gelu")})
+        store.refuse_conflicts({"u1": _planned(task="level1/7_Gelu")})
+
+
+@pytest.mark.parametrize("record", ['{"status": "passed"', '[1, 2]', '{"status": "splendid"}', '{"task": 1}'])
+def test_a_damaged_verdict_record_is_a_clear_error(tmp_path, record):
+    import sqlite3
+
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.begin_run("r1", MACHINE, {})
+        store.put("u1", "r1", _verdict())
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE verdicts SET record = ?", (record,))
+    with Store(path) as store:
+        with pytest.raises(InputError, match=r"s\.sqlite: the verdict of unit u1 does not read back .* damaged"):
+            store.verdicts()
+
+
+def test_a_damaged_run_record_is_a_clear_error(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.begin_run("r1", MACHINE, {})
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET arguments = 'not json'")
+    with Store(path) as store:
+        with pytest.raises(InputError, match="the record of run r1 does not read back"):
+            store.runs()
+
+
+def test_another_programs_database_is_refused_and_left_untouched(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "photos.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE photos (id INTEGER)")
+    with pytest.raises(InputError, match="not a kbverify store .* photos"):
+        Store(path)
+    with sqlite3.connect(path) as db:
+        assert [row[0] for row in db.execute("SELECT name FROM sqlite_master")] == ["photos"]

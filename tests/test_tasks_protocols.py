@@ -90,3 +90,35 @@ def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
     assert {s.seed for s in other}.isdisjoint({s.seed for s in plan}), "seeds depend on the per-run secret"
     original = plan_input_sets(ORIGINAL, [("original", {})], secret="s")
     assert [s.seed for s in original] == kernelbench_trial_seeds(5)
+
+
+@pytest.mark.parametrize("preset", ["original", "kbv", "verified"])
+def test_a_protocol_file_can_set_every_field_to_its_presets_value(tmp_path, preset):
+    """The file loader checks each field's type and range; a field it did not know how to check would be
+    unloadable (or worse, unchecked): every field, written back as it stands, must load to the same protocol."""
+    from kbverify.protocols import PRESETS
+
+    fields = {key: list(value) if isinstance(value, tuple) else value
+              for key, value in PRESETS[preset].to_dict().items()}
+    path = tmp_path / "same.json"
+    path.write_text(json.dumps({"base": preset, **fields}))
+    assert get_protocol(str(path)) == PRESETS[preset]
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"atol": "abc"}, "atol must be a number"), ({"rtol": -1}, "rtol must be at least 0"),
+    ({"trials": 2.5}, "trials must be an integer"), ({"timing_trials": 0}, "timing_trials must be at least 1"),
+    ({"isolated": "yes"}, "isolated must be one of true, false"), ({"samples": "all"}, "samples must be one of"),
+    ({"norm_rtol": None}, None), ({"atol": 0}, None), ({"name": ""}, "name must be a non-empty string"),
+    ({"name": "a,b"}, "without commas"), ({"distributions": "x1"}, "distributions must be a list"),
+    ({"base": 3}, "unknown base protocol 3"), ({"base": "original", "trials": 11}, "10 trial seeds"),
+])
+def test_a_protocol_file_with_a_bad_value_is_one_clear_line(tmp_path, override, message):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(override))
+    if message is None:
+        parse_protocols(str(path))
+        return
+    with pytest.raises(InputError, match=message) as raised:
+        parse_protocols(str(path))
+    assert "\n" not in str(raised.value)

@@ -1,0 +1,317 @@
+"""Input validation: every option and file of a command, checked before any work starts (SPEC §7, §10).
+
+The command line calls one function per command with the values it parsed. Each returns the inputs in the form
+the library takes (a frozen request) or raises InputError with one line that names the option or file and says
+what is accepted, so bad input ends with exit 2 before a worker starts, a store is opened or a file is written.
+What can only be judged once the source is read (does the tasks folder fit it, does the store hold another
+version of the run) is checked in `kbverify.task_match` and `kbverify.store`, still before any work.
+
+Nothing here imports torch, runs task or submission code, or writes anything. One exception, on purpose:
+`check --only hidden:...` on a task without a committed manifest asks a worker for its generated shapes, which
+the check would generate anyway (and then reuses).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbverify.errors import InputError
+from kbverify.protocols import Protocol, parse_protocols
+from kbverify.submissions import Submission, load_submission
+from kbverify.tasks import Task, load_task, load_task_dir
+
+# A worker must start, load the task and build inputs within this; a shorter limit times out honest kernels.
+MIN_TIMEOUT_S = 1.0
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+SAMPLE_RULES = ("first", "best")
+_REPORT_FILES = ("report.json", "report.md", "report.html")
+_BUNDLED_HIDDEN = Path(__file__).resolve().parent.parent / "hidden_tests"
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    task: Task
+    submissions: tuple[Submission, ...]
+    protocols: tuple[Protocol, ...]
+    device: str  # auto | cpu | cuda | cuda:N, as given (auto is resolved by a worker, after validation)
+    hidden_dirs: tuple[Path, ...]
+    only: str | None
+    min_speedup: float | None
+    secret: str | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RescoreRequest:
+    source: Path
+    fmt: str
+    tasks: Path | None
+    store: Path
+    protocols: str  # the spec as given: it parses (checked here), and the job parses it again
+    samples: str
+    report_dir: Path | None
+    device: str
+    hidden_dirs: tuple[Path, ...]
+    timeout_s: float
+    limit: int | None
+    select: Path | None
+    allow_mixed: bool
+    exclude_path: Path | None
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    source: Path
+    baseline: Path | None
+    level: int | None
+    ps: tuple[float, ...]
+    exclude_path: Path | None
+    samples: str | None
+
+
+# --- commands -------------------------------------------------------------------------------------------------------
+
+def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_tests: Path | None, only: str | None,
+          min_speedup: float | None, secret: str | None, timeout: float) -> CheckRequest:
+    protocols = tuple(parse_protocols(protocol))
+    timeout_s = seconds(timeout, "--timeout")
+    device = device_name(device)
+    if min_speedup is not None:
+        min_speedup = non_negative(min_speedup, "--min-speedup")
+    if secret is not None and (not secret.strip() or any(ch.isspace() for ch in secret)):
+        raise InputError(f"--secret {secret!r}: a secret is one word (copy it from a verdict's reproducer)")
+    loaded_task = load_task(task)
+    submissions = _submissions(submission)
+    hidden_dirs = hidden_folders(hidden_tests)
+    only = input_sets(only, protocols, loaded_task, hidden_dirs)
+    return CheckRequest(task=loaded_task, submissions=submissions, protocols=protocols, device=device,
+                        hidden_dirs=hidden_dirs, only=only, min_speedup=min_speedup, secret=secret,
+                        timeout_s=timeout_s)
+
+
+def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol: str, samples: str,
+            report_dir: Path | None, device: str, hidden_tests: Path | None, timeout: float, limit: int | None,
+            select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None) -> RescoreRequest:
+    from kbverify.importers import FORMATS
+
+    existing(source, "the source", "a run folder or a JSONL file")
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if tasks is not None:
+        folder(tasks, "--tasks")
+    output_file(store, "--store")
+    parse_protocols(protocol)
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit {limit}: give a number of entries, at least 1")
+    for path, option in ((select, "--select"), (exclude_degenerate, "--exclude-degenerate")):
+        if path is not None:
+            existing(path, option, "a JSON file", file=True)
+    if report_dir is not None:
+        report_folder(report_dir, "--report")
+    return RescoreRequest(source=source, fmt=fmt, tasks=tasks, store=store, protocols=protocol,
+                          samples=sample_rule(samples), report_dir=report_dir, device=device_name(device),
+                          hidden_dirs=hidden_folders(hidden_tests), timeout_s=seconds(timeout, "--timeout"),
+                          limit=limit, select=select, allow_mixed=allow_mixed, exclude_path=exclude_degenerate)
+
+
+def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exclude_degenerate: Path | None,
+          samples: str | None) -> ScoreRequest:
+    existing(source, "the source", "a store, a score JSONL or an eval_results.json", file=True)
+    if baseline is not None:
+        existing(baseline, "--baseline", "KernelBench's baseline-time JSON", file=True)
+        if level is None:
+            raise InputError("--baseline needs --level (KernelBench's eval_results.json holds one level)")
+    elif level is not None:
+        raise InputError("--level goes with --baseline (it names the level of a KernelBench eval_results.json)")
+    if level is not None and level < 1:
+        raise InputError(f"--level {level}: KernelBench levels are 1, 2, 3, 4")
+    if exclude_degenerate is not None:
+        existing(exclude_degenerate, "--exclude-degenerate", "an audit JSON", file=True)
+    return ScoreRequest(source=source, baseline=baseline, level=level, ps=p_values(p),
+                        exclude_path=exclude_degenerate, samples=None if samples is None else sample_rule(samples))
+
+
+def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_tests: Path | None) -> None:
+    existing(tasks, "the tasks", "a task file or folder")
+    load_task_dir(tasks)
+    parse_protocols(protocol)
+    device_name(device)
+    hidden_folders(hidden_tests)
+    if out is not None:
+        for suffix in (".json", ".md", ".partial.jsonl"):
+            output_file(Path(f"{out}{suffix}"), "--out")
+
+
+def report(*, store: Path, out: Path) -> None:
+    existing(store, "the store", "a store written by rescore", file=True)
+    report_folder(out, "--out")
+
+
+def rejudge(*, store: Path, protocol: str, into: Path | None) -> None:
+    existing(store, "the store", "a store written by rescore", file=True)
+    if len(parse_protocols(protocol)) != 1:
+        raise InputError("--protocol: rejudge takes one protocol")
+    if into is not None:
+        if into.exists():
+            raise InputError(f"--into {into}: exists; rejudge writes a new store")
+        output_file(into, "--into")
+
+
+def demo(*, out: Path) -> None:
+    folder_to_write(out, "--out")
+    report_folder(out / "report", "--out")
+    output_file(out / "store.sqlite", "--out")
+
+
+def hidden_generate(*, tasks: Path, out: Path) -> None:
+    existing(tasks, "the tasks", "a task file or folder")
+    load_task_dir(tasks)
+    folder_to_write(out, "--out")
+
+
+# --- options --------------------------------------------------------------------------------------------------------
+
+def seconds(value: float, option: str) -> float:
+    if not math.isfinite(value) or value < MIN_TIMEOUT_S:
+        raise InputError(f"{option} {value:g}: give seconds per worker process, at least {MIN_TIMEOUT_S:g} "
+                         f"(a worker needs that long to start; a shorter limit would time out honest kernels)")
+    return float(value)
+
+
+def non_negative(value: float, option: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{option} {value:g}: give a finite number, 0 or more")
+    return float(value)
+
+
+def device_name(device: str) -> str:
+    if not _DEVICE.match(device):
+        raise InputError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def sample_rule(samples: str) -> str:
+    if samples not in SAMPLE_RULES:
+        raise InputError(f"--samples {samples!r}: use first or best")
+    return samples
+
+
+def p_values(text: str) -> tuple[float, ...]:
+    """`0,0.5,1` → (0.0, 0.5, 1.0): speedup thresholds, finite, 0 or more, each once."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--p takes comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise InputError("--p: give at least one speedup threshold, e.g. 0,1,2")
+    bad = [value for value in values if not math.isfinite(value) or value < 0]
+    if bad:
+        raise InputError(f"--p {text}: {bad[0]:g} is not a speedup threshold (finite, 0 or more)")
+    if len(set(values)) != len(values):
+        raise InputError(f"--p {text}: a threshold is given twice")
+    return values
+
+
+def hidden_folders(given: Path | None) -> tuple[Path, ...]:
+    """The hidden-shape manifests to use: the folder given, else the bundled ones (when present)."""
+    if given is not None:
+        folder(given, "--hidden-tests")
+        return (given,)
+    return (_BUNDLED_HIDDEN,) if _BUNDLED_HIDDEN.is_dir() else ()
+
+
+def input_sets(only: str | None, protocols, task: Task, hidden_dirs) -> str | None:
+    """`--only`: a set id or prefix that selects at least one input set of every isolated protocol."""
+    if only is None:
+        return None
+    if not only.strip():
+        raise InputError("--only: give an input set id or prefix, e.g. original/neg")
+    isolated = [protocol for protocol in protocols if protocol.isolated]
+    if not isolated:
+        raise InputError(f"--only selects input sets of an isolated protocol (kbv, verified); "
+                         f"{', '.join(p.name for p in protocols)} runs KernelBench's trials")
+    for protocol in isolated:
+        ids = _set_ids(protocol, task, hidden_dirs, hidden=_could_be_hidden(only))
+        if not any(set_id.startswith(only) for set_id in ids):
+            raise InputError(f"--only {only!r} matches no input set of {protocol.name} for {task.name} "
+                             f"(its sets are named like {ids[0]}, {ids[-1]}; a failing verdict's reproducer "
+                             f"names its set)")
+    return only
+
+
+def _could_be_hidden(only: str) -> bool:
+    return only.startswith("hidden:") or "hidden:".startswith(only)
+
+
+def _set_ids(protocol: Protocol, task: Task, hidden_dirs, *, hidden: bool) -> list[str]:
+    from kbverify.inputs import plan_input_sets
+
+    shapes: list[tuple[str, dict]] = [("original", {})]
+    if hidden and protocol.hidden_shapes:
+        from kbverify import hidden as hidden_module
+
+        committed = hidden_module.committed_shapes(task, list(hidden_dirs))
+        if committed is None:
+            from kbverify.runner import hidden_shapes_for
+
+            committed, _ = hidden_shapes_for(task, list(hidden_dirs))
+        shapes += [(shape.label, {}) for shape in committed]
+    return [input_set.set_id for input_set in plan_input_sets(protocol, shapes, secret="validation")]
+
+
+# --- files ------------------------------------------------------------------------------------------------------------
+
+def existing(path: Path, what: str, expected: str, *, file: bool = False) -> None:
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder ({what}: {expected})")
+    if file and not path.is_file():
+        raise InputError(f"{path}: not a file ({what}: {expected})")
+
+
+def folder(path: Path, option: str) -> None:
+    if not path.is_dir():
+        raise InputError(f"{option} {path}: no such folder")
+
+
+def folder_to_write(path: Path, option: str) -> None:
+    """A folder that exists, or can be made: never an existing file, nor under one."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path}: exists and is not a folder")
+    _creatable(path, option)
+
+
+def report_folder(path: Path, option: str) -> None:
+    folder_to_write(path, option)
+    for name in _REPORT_FILES:
+        if (path / name).is_dir():
+            raise InputError(f"{option} {path}: {name} there is a folder; the report cannot be written")
+
+
+def output_file(path: Path, option: str) -> None:
+    """A file that may exist (a store to resume) or can be made."""
+    if path.is_dir():
+        raise InputError(f"{option} {path}: a folder, not a file")
+    _creatable(path.parent, option)
+
+
+def _creatable(path: Path, option: str) -> None:
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{option} {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {path}: {ancestor} is not writable")
+
+
+def _submissions(submission: Path) -> tuple[Submission, ...]:
+    if submission.is_dir():
+        paths = sorted(submission.glob("*.py"))
+        if not paths:
+            raise InputError(f"{submission}: no submission files (*.py) in this folder")
+        return tuple(load_submission(path) for path in paths)
+    return (load_submission(submission),)
