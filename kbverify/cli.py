@@ -132,12 +132,14 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     """Re-score a published run under several protocols; resumable through --store."""
     _setup_logging(verbose)
     from kbverify import jobs
+    from kbverify.progress import Reporter
 
-    summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
-                               samples=samples, report_dir=report_dir, device=_resolve_device(device),
-                               hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
-                               allow_mixed=allow_mixed, show_progress=not json_out, select=select,
-                               exclude_path=exclude_degenerate)
+    with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
+        summary = jobs.run_rescore(source, fmt=format, tasks=tasks, store_path=store, protocols=protocol,
+                                   samples=samples, report_dir=report_dir, device=_resolve_device(device),
+                                   hidden_dirs=_hidden_dirs(hidden_tests), timeout_s=timeout, limit=limit,
+                                   allow_mixed=allow_mixed, progress=progress, select=select,
+                                   exclude_path=exclude_degenerate)
     if json_out:
         _emit(summary)
     else:
@@ -179,9 +181,11 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
     """Find degenerate and trivially passable tasks."""
     _setup_logging(verbose)
     from kbverify import jobs
+    from kbverify.progress import Reporter
 
-    result = jobs.run_audit(tasks, protocols=protocol, out=out, device=_resolve_device(device),
-                            hidden_dirs=_hidden_dirs(hidden_tests))
+    with Reporter() as progress:
+        result = jobs.run_audit(tasks, protocols=protocol, out=out, device=_resolve_device(device),
+                                hidden_dirs=_hidden_dirs(hidden_tests), progress=progress)
     if json_out:
         _emit(result["json"])
     else:
@@ -232,8 +236,10 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
     """Re-score the bundled example run (honest kernels and cheats) on this machine and print both fast_p tables."""
     _setup_logging(verbose)
     from kbverify import jobs
+    from kbverify.progress import Reporter
 
-    result = jobs.run_demo(out)
+    with Reporter() as progress:
+        result = jobs.run_demo(out, progress=progress)
     sys.stdout.write(result["text"])
     if not result["complete"]:
         raise typer.Exit(3)

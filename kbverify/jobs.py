@@ -7,8 +7,10 @@ import logging
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from kbverify.errors import InputError
+from kbverify.progress import Progress
 from kbverify.protocols import parse_protocols
 from kbverify.records import Verdict
 
@@ -55,24 +57,6 @@ def _bound_text(bound: dict, ps) -> str:
             + present.render_fast_p(bound, ps))
 
 
-def _progress_printer(show: bool):
-    if not show:
-        return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), transient=False)
-    state = {"id": None}
-
-    def update(progress) -> None:
-        if state["id"] is None:
-            state["id"] = bar.add_task("rescore", total=progress.total, eta="")
-        eta = f"GPU/worker time left ≈ {progress.eta_s:.0f} s" if progress.eta_s is not None else ""
-        bar.update(state["id"], completed=progress.done, eta=eta, description=progress.last[:50])
-
-    return bar, update
-
-
 def select_entries(entries: list, select: Path) -> list:
     """The entries a subset file names, in source order. The file is JSON with a `kernels` list of
     {"level_id", "task_id"} (the shape of a published anchor subset); every named kernel must be in the source."""
@@ -90,10 +74,11 @@ def select_entries(entries: list, select: Path) -> list:
 
 def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
-                allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
-                title: str | None = None, select: Path | None = None, exclude_path: Path | None = None) -> dict:
+                allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
+                protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
+                exclude_path: Path | None = None) -> dict:
     """`exclude_path`: an audit whose degenerate tasks leave the printed fast_p tables (listed there); the store
-    and the reports keep every verdict."""
+    and the reports keep every verdict. `progress` hears of each phase and finished unit (`kbverify.progress`)."""
     from kbverify import present
     from kbverify.importers import load_entries
     from kbverify.rescore import plan_units, planned_unit, rescore
@@ -120,16 +105,11 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         chosen = [p.with_overrides(**protocol_overrides.get(p.name, {})) for p in chosen]
     options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
     devices = _devices_for(device)
-    bar, update = _progress_printer(show_progress)
     with Store(store_path) as store:
         arguments = {"source": str(source), "protocols": [p.name for p in chosen], "allow_mixed": allow_mixed}
-        if bar:
-            with bar:
-                summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                                  options=options, progress=update, arguments=arguments)
-        else:
-            summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                              options=options, arguments=arguments)
+        summary = rescore(entries, chosen, store, run_id=uuid.uuid4().hex[:12], devices=devices,
+                          options=options, progress=progress, arguments=arguments)
+        runs = store.runs()
         # This source's units only: a store may also hold other runs' verdicts.
         units = plan_units(entries, chosen)
         planned = {unit.key for unit in units}
@@ -257,18 +237,36 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hidden_dirs) -> dict:
+def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hidden_dirs,
+              progress: Callable[[Progress], None] | None = None) -> dict:
     from kbverify import audit
     from kbverify.tasks import load_task_dir
 
     loaded = load_task_dir(tasks)
+    chosen = parse_protocols(protocols)
     settings = audit.AuditSettings(hidden_dirs=tuple(str(d) for d in hidden_dirs))
-    report = audit.audit_tasks(loaded, protocols=parse_protocols(protocols), device=device, out_prefix=out,
-                               settings=settings, title=tasks.name)
+    report = audit.audit_tasks(loaded, protocols=chosen, device=device, out_prefix=out, settings=settings,
+                               title=tasks.name, progress=_audit_progress(progress, len(loaded), device))
     summary = audit.audit_to_json_summary(report)
     lines = [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
              for t in summary["tasks"]]
     return {"text": "\n".join(lines) + "\n", "json": summary}
+
+
+def _audit_progress(progress: Callable[[Progress], None] | None, total: int, device: str):
+    """The audit's per-task callback as `Progress` events, the phase's start announced at once."""
+    if progress is None:
+        return None
+    started = time.monotonic()
+    progress(Progress(0, total, phase="audit", device=device))
+
+    def update(index: int, total: int, audit) -> None:
+        spent = time.monotonic() - started
+        flags = "DEGENERATE " + ", ".join(audit.flags) if audit.degenerate else (audit.error or "ok")
+        progress(Progress(index, total, eta_s=spent / index * (total - index), last=f"{audit.task}: {flags}",
+                          phase="audit", device=device))
+
+    return update
 
 
 def run_report(store_path: Path, out: Path) -> dict:
@@ -359,11 +357,33 @@ def run_demo(out: Path) -> dict:
     result = run_rescore(DEMO_RUN, fmt="kernelbench", tasks=DEMO_TASKS, store_path=out / "store.sqlite",
                          protocols="original,verified", samples="first", report_dir=out / "report",
                          device="cpu", hidden_dirs=[REPO_ROOT / "hidden_tests"], timeout_s=300.0,
-                         show_progress=True, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
+                         progress=progress, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
                          title="kbverify demo: the bundled example run")
     header = (f"kbverify demo: {DEMO_RUN.relative_to(REPO_ROOT)} re-scored against "
               f"{DEMO_TASKS.relative_to(REPO_ROOT)} on the CPU under original and verified\n")
-    result["text"] = header + result["text"] + f"demo finished in {time.monotonic() - started:.0f} s\n"
+    counts, passing = _demo_reading(out / "store.sqlite")
+    result["text"] = (header + counts + result["text"] + passing
+                      + f"store: {out / 'store.sqlite'} (the demo run again resumes from it; `kbverify report` and "
+                        f"`kbverify score` read it)\n"
+                      + f"demo finished in {time.monotonic() - started:.0f} s\n")
     return result
 
 
+def _demo_reading(store_path: Path) -> tuple[str, str]:
+    """What the tables count (kernels against tasks, the samples fast_p leaves out), and how many kernels passed."""
+    from kbverify.records import task_label
+    from kbverify.store import Store
+
+    with Store(store_path) as store:
+        verified = [v for _, v in store.verdicts() if v.protocol == "verified"]
+    if not verified:
+        return "", ""
+    tasks = {task_label(v.task_name, v.level) for v in verified}
+    counts = f"{len(verified)} kernels for {len(tasks)} tasks."
+    left_out = sorted((v for v in verified if v.sample > 0), key=lambda v: (v.level or 0, v.problem_id or 0))
+    if left_out:
+        names = ", ".join(f"{v.task_name} sample {v.sample} ({v.status.value} under verified)" for v in left_out)
+        counts += f" fast_p scores one sample per task, the first, as KernelBench does, so it leaves out {names}."
+    passing = sum(v.correct for v in verified)
+    return counts + "\n", (f"{passing} of the {len(verified)} kernels pass verified and {len(verified) - passing} "
+                            f"fail it; {DEMO_RUN.relative_to(REPO_ROOT)}/README.md says what each kernel does.\n")

@@ -29,6 +29,17 @@ def verdict_json(verdict: Verdict) -> dict:
     }
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters ("…" marks the cut)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    cut = (head if text[limit - 1] == " " else head.rsplit(" ", 1)[0]).rstrip(",;:")
+    # a single word longer than half the room (a path, a hash) is cut inside it rather than dropped
+    return (cut if len(cut) >= limit // 2 else text[:limit - 1]) + "…"
+
+
 def _speed(verdict: Verdict) -> str:
     if verdict.speedup is None:
         return "-"
