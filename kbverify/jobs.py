@@ -138,7 +138,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         title = title or f"kbverify re-score of {source.name}"
         if missing:
             title += f" (INCOMPLETE: {len(missing)} of {len(planned)} units without a verdict)"
-        paths = write_reports(verdicts, report_dir, title=title, samples=samples)
+        paths = write_reports(verdicts, report_dir, title=title, samples=samples, provenance={"runs": runs})
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
@@ -173,6 +173,8 @@ def _devices_for(device: str) -> list[str]:
 
 
 def _changes_text(verdicts: list[Verdict]) -> str:
+    from kbverify import present
+
     by_unit: dict = {}
     for verdict in verdicts:
         by_unit.setdefault((verdict.submission, verdict.sample), {})[verdict.protocol] = verdict
@@ -181,8 +183,8 @@ def _changes_text(verdicts: list[Verdict]) -> str:
         statuses = {name: v.status.value for name, v in per_protocol.items()}
         if len(set(statuses.values())) > 1:
             last = list(per_protocol.values())[-1]
-            lines.append(f"  {submission}: " + " → ".join(statuses.values()) + (f"  ({last.message[:140]})"
-                                                                                 if last.message else ""))
+            lines.append(f"  {submission}: " + " → ".join(statuses.values())
+                         + (f"  ({present.shorten(last.message, 140)})" if last.message else ""))
     return ("status changes between protocols:\n" + "\n".join(lines) + "\n") if lines else ""
 
 
@@ -339,15 +341,22 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     if written is not None:
         os.replace(written, into)
     tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
-    text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
-    text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)
+    if tables:
+        text = (f"{len(rejudged)} stored verdicts rejudged under {target.name}'s rules from their raw evidence (no "
+                f"code ran). correct: passes every {target.name} check on the stored input sets. A speedup is "
+                f"recomputed from a verdict's stored timing rounds; a kernel that failed before it was timed has "
+                f"none, and fast_p counts it as not fast.\n" + present.render_fast_p(tables, P_VALUES))
+    else:
+        text = "no stored verdict carries raw evidence to rejudge\n"
+    text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {present.shorten(c['message'], 120)}\n"
+                    for c in changes)
     if into is not None:
         text += f"rejudged store: {into}\n"
     return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
                                    "tables": tables}}
 
 
-def run_demo(out: Path) -> dict:
+def run_demo(out: Path, progress: Callable[[Progress], None] | None = None) -> dict:
     """The bundled example: a small published run with honest kernels and cheats, re-scored on this machine."""
     if not DEMO_RUN.is_dir() or not DEMO_TASKS.is_dir():
         raise InputError("the bundled example is missing: run the demo from a checkout of the repository")

@@ -60,7 +60,7 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
             line += f"  warnings: {', '.join(verdict.warnings)}"
         lines.append(line)
         if verdict.message:
-            lines.append(f"  {'':<{width}}  {verdict.message[:300]}")
+            lines.append(f"  {'':<{width}}  {shorten(verdict.message, 300)}")
         if verdict.status.value != "passed" and verdict.reproducer.get("set"):
             lines.append(f"  {'':<{width}}  rerun: --protocol {verdict.protocol} --only {verdict.reproducer['set']} "
                          f"--secret {verdict.reproducer.get('secret')}")
@@ -88,10 +88,21 @@ def render_fast_p(tables: dict, ps) -> str:
         lines.append(f"| fast_{p:g} | " + " | ".join(cells) + " |")
     for name in names:
         table = tables[name]
-        line = f"{name}: {table['n_tasks']} tasks, {table['n_correct']} correct"
-        if table.get("geomean_speedup") is not None:
-            line += f", geomean speedup of correct {table['geomean_speedup']:.3f}x"
-        if table.get("excluded"):
-            line += f"; excluded as degenerate: {', '.join(table['excluded'])}"
-        lines.append(line)
+        lines.append(_table_line(name, table))
     return "\n".join(lines) + "\n"
+
+
+def _table_line(name: str, table: dict) -> str:
+    """What `correct` counts, said beside the table: a correct kernel without a measured speedup (never timed)
+    is fast for no p, so fast_0 can be below the share correct."""
+    line = f"{name}: {table['n_tasks']} tasks, {table['n_correct']} correct"
+    timed = table.get("n_geomean", table["n_correct"])
+    if timed < table["n_correct"]:
+        line += (f" ({table['n_correct'] - timed} of them without a measured speedup, which fast_p counts as not "
+                 f"fast)")
+    if table.get("geomean_speedup") is not None:
+        which = "correct" if timed == table["n_correct"] else f"the {timed} timed"
+        line += f", geomean speedup of {which} {table['geomean_speedup']:.3f}x"
+    if table.get("excluded"):
+        line += f"; excluded as degenerate: {', '.join(table['excluded'])}"
+    return line
