@@ -9,6 +9,7 @@ phase runs, each with the counts, the rate and an estimate of the time left that
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import threading
 import time
@@ -38,10 +39,10 @@ class Progress:
 
 def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int],
                     workers: int) -> float | None:
-    """Wall seconds left: every pending item at the mean duration of the finished items of its kind (for
+    """Wall seconds left: every pending item at the median duration of the finished items of its kind (for
     `rescore`, its protocol), spread over `workers`. None until each kind still pending has a finished item:
     guessing a `verified` unit from a KernelBench one, ten times shorter, is how an estimate jumps from 2 s to
-    258 s."""
+    258 s. The median, because a kind's first item also pays one-time costs (a worker's first imports)."""
     total = 0.0
     for kind, count in pending.items():
         if count <= 0:
@@ -49,7 +50,7 @@ def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[s
         seen = durations.get(kind) or ()
         if not seen:
             return None
-        total += count * sum(seen) / len(seen)
+        total += count * statistics.median(seen)
     return total / max(1, workers)
 
 

@@ -98,6 +98,8 @@ def test_no_estimate_until_every_protocol_still_pending_has_a_finished_unit():
     assert estimate_left_s({"original": [2.0], "verified": [40.0, 44.0]}, {"original": 5, "verified": 6}, 2) == \
         pytest.approx((5 * 2.0 + 6 * 42.0) / 2)
     assert estimate_left_s({"original": [2.0]}, {"original": 3, "verified": 0}, 1) == pytest.approx(6.0)
+    # a first unit that paid the worker's start-up does not set the pace once others have finished
+    assert estimate_left_s({"verified": [80.0, 5.0, 6.0]}, {"verified": 10}, 1) == pytest.approx(60.0)
 
 
 def test_the_heartbeat_writes_while_nothing_finishes():
