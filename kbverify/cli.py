@@ -100,16 +100,19 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     """Re-score a published run under several protocols; resumable through --store."""
     _setup_logging(verbose)
     from kbverify import jobs, validate
+    from kbverify.progress import Reporter
 
     request = validate.rescore(source=source, fmt=format, tasks=tasks, store=store, protocol=protocol,
                                samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
                                timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
                                exclude_degenerate=exclude_degenerate)
-    summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
-                               protocols=request.protocols, samples=request.samples, report_dir=request.report_dir,
-                               device=request.device, hidden_dirs=request.hidden_dirs,
-                               timeout_s=request.timeout_s, limit=request.limit, allow_mixed=request.allow_mixed,
-                               show_progress=not json_out, select=request.select, exclude_path=request.exclude_path)
+    with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
+        summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
+                                   protocols=request.protocols, samples=request.samples,
+                                   report_dir=request.report_dir, device=request.device,
+                                   hidden_dirs=request.hidden_dirs, timeout_s=request.timeout_s,
+                                   limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
+                                   select=request.select, exclude_path=request.exclude_path)
     if json_out:
         _emit(summary)
     else:
@@ -153,11 +156,13 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
     """Find degenerate and trivially passable tasks."""
     _setup_logging(verbose)
     from kbverify import jobs, validate
+    from kbverify.progress import Reporter
 
     validate.audit(tasks=tasks, protocol=protocol, out=out, device=device, hidden_tests=hidden_tests)
     _start_workers(timing=False)  # audit workers never time the interleaved way
-    result = jobs.run_audit(tasks, protocols=protocol, out=out, device=jobs.resolve_device(device),
-                            hidden_dirs=validate.hidden_folders(hidden_tests))
+    with Reporter() as progress:
+        result = jobs.run_audit(tasks, protocols=protocol, out=out, device=jobs.resolve_device(device),
+                                hidden_dirs=validate.hidden_folders(hidden_tests), progress=progress)
     if json_out:
         _emit(result["json"])
     else:
@@ -211,9 +216,11 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
     """Re-score the bundled example run (honest kernels and cheats) on this machine and print both fast_p tables."""
     _setup_logging(verbose)
     from kbverify import jobs, validate
+    from kbverify.progress import Reporter
 
     validate.demo(out=out)
-    result = jobs.run_demo(out)
+    with Reporter() as progress:
+        result = jobs.run_demo(out, progress=progress)
     sys.stdout.write(result["text"])
     if not result["complete"]:
         raise typer.Exit(3)

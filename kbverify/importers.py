@@ -1,11 +1,12 @@
-"""Importers: published runs → entries (task, submission, claimed speedup) ready to re-score (SPEC §8, §10).
+"""Importers: published runs → entries (task, submission, claimed speedup) ready to re-score.
 
-Three formats:
+`docs/formats.md` documents the three formats for users:
 - `kernelbench`: a KernelBench run folder of `level_L_problem_P_sample_S_kernel.py`, tasks looked up in a tasks
   folder; claims from `eval_results.json` with a `baseline_time*.json`, and/or `claims.jsonl`.
 - `cuda-l1`: CUDA-L1's JSON Lines (`level_id`, `task_id`, `ref_code`, `custom_code`, `score_default`); each row is
   scored against its own `ref_code`, which is checked against the known KernelBench versions.
-- `jsonl`: the generic JSON Lines of SPEC §10.
+- `jsonl`: kbverify's generic JSON Lines (`task`, `code` or `path`, optional `id`, `sample`, `claimed_speedup`,
+  `ref_code`).
 
 Bad input (an unreadable source, a bad JSON line, a missing key) raises InputError naming the file and line. A
 problem with one entry (no code, its task not found, its kernel file unreadable) makes that entry `unverifiable`:
@@ -386,7 +387,7 @@ def _modified(level: int | None, problem_id: int | None, ref_code: str) -> bool 
     return None if known is None else not known
 
 
-# --- generic JSON Lines (SPEC §10) --------------------------------------------------------------------------------
+# --- generic JSON Lines (docs/formats.md) ----------------------------------------------------------------
 
 def _load_jsonl(path: Path) -> list[Entry]:
     if not path.is_file():

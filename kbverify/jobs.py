@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kbverify.errors import InputError
+from kbverify.progress import Progress
 from kbverify.protocols import parse_protocols
 from kbverify.records import Verdict
 
@@ -57,24 +58,6 @@ def _bound_text(bound: dict, ps) -> str:
             + present.render_fast_p(bound, ps))
 
 
-def _progress_printer(show: bool):
-    if not show:
-        return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), transient=False)
-    state = {"id": None}
-
-    def update(progress) -> None:
-        if state["id"] is None:
-            state["id"] = bar.add_task("rescore", total=progress.total, eta="")
-        eta = f"GPU/worker time left ≈ {progress.eta_s:.0f} s" if progress.eta_s is not None else ""
-        bar.update(state["id"], completed=progress.done, eta=eta, description=progress.last[:50])
-
-    return bar, update
-
-
 def select_entries(entries: list, select: Path) -> list:
     """The entries a subset file names, in source order. The file is JSON with a `kernels` list of
     {"level_id", "task_id"} (the shape of a published anchor subset); every named kernel must be in the source."""
@@ -92,11 +75,13 @@ def select_entries(entries: list, select: Path) -> list:
 
 def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
-                allow_mixed: bool = False, show_progress: bool = True, protocol_overrides: dict | None = None,
-                title: str | None = None, select: Path | None = None, exclude_path: Path | None = None) -> dict:
+                allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
+                protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
+                exclude_path: Path | None = None) -> dict:
     """`device`: auto, cpu, cuda or cuda:N. `exclude_path`: an audit whose degenerate tasks leave the printed
     fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
-    and the store can be refused for is checked before the first worker starts."""
+    and the store can be refused for is checked before the first worker starts. `progress` hears of each phase
+    and finished unit (`kbverify.progress`)."""
     from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
@@ -111,18 +96,17 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     device = resolve_device(device)
     options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
     devices = _devices_for(device)
-    bar, update = _progress_printer(show_progress)
     with Store(store_path) as store:
         arguments = {"source": str(source), "protocols": [p.name for p in plan.protocols],
                      "allow_mixed": allow_mixed}
-        with bar or contextlib.nullcontext():
-            summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                              options=options, progress=update, arguments=arguments)
+        summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
+                          options=options, progress=progress, arguments=arguments)
+        runs = store.runs()
         # This source's units only: a store may also hold other runs' verdicts.
         planned = {unit.key for unit in units}
         stored = {key: v for key, v in store.verdicts() if key in planned}
     return _rescore_result(plan, units, stored, summary, source=source, store_path=store_path, samples=samples,
-                           report_dir=report_dir, title=title)
+                           report_dir=report_dir, title=title, runs=runs)
 
 
 @dataclass(frozen=True)
@@ -178,7 +162,7 @@ def _refuse_store_conflicts(store_path: Path, units) -> None:
 
 
 def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
-                    samples: str, report_dir: Path | None, title: str | None) -> dict:
+                    samples: str, report_dir: Path | None, title: str | None, runs: list | None = None) -> dict:
     from kbverify import present
     from kbverify.rescore import planned_unit
 
@@ -209,7 +193,7 @@ def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source:
         title = title or f"kbverify re-score of {source.name}"
         if missing:
             title += f" (INCOMPLETE: {len(missing)} of {len(units)} units without a verdict)"
-        paths = write_reports(verdicts, report_dir, title=title, samples=samples)
+        paths = write_reports(verdicts, report_dir, title=title, samples=samples, provenance={"runs": runs or []})
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
@@ -261,6 +245,8 @@ def _devices_for(device: str) -> list[str]:
 
 
 def _changes_text(verdicts: list[Verdict]) -> str:
+    from kbverify import present
+
     by_unit: dict = {}
     for verdict in verdicts:
         by_unit.setdefault((verdict.submission, verdict.sample), {})[verdict.protocol] = verdict
@@ -269,8 +255,8 @@ def _changes_text(verdicts: list[Verdict]) -> str:
         statuses = {name: v.status.value for name, v in per_protocol.items()}
         if len(set(statuses.values())) > 1:
             last = list(per_protocol.values())[-1]
-            lines.append(f"  {submission}: " + " → ".join(statuses.values()) + (f"  ({last.message[:140]})"
-                                                                                 if last.message else ""))
+            lines.append(f"  {submission}: " + " → ".join(statuses.values())
+                         + (f"  ({present.shorten(last.message, 140)})" if last.message else ""))
     return ("status changes between protocols:\n" + "\n".join(lines) + "\n") if lines else ""
 
 
@@ -325,18 +311,36 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hidden_dirs) -> dict:
+def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hidden_dirs,
+              progress: Callable[[Progress], None] | None = None) -> dict:
     from kbverify import audit
     from kbverify.tasks import load_task_dir
 
     loaded = load_task_dir(tasks)
+    chosen = parse_protocols(protocols)
     settings = audit.AuditSettings(hidden_dirs=tuple(str(d) for d in hidden_dirs))
-    report = audit.audit_tasks(loaded, protocols=parse_protocols(protocols), device=device, out_prefix=out,
-                               settings=settings, title=tasks.name)
+    report = audit.audit_tasks(loaded, protocols=chosen, device=device, out_prefix=out, settings=settings,
+                               title=tasks.name, progress=_audit_progress(progress, len(loaded), device))
     summary = audit.audit_to_json_summary(report)
     lines = [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
              for t in summary["tasks"]]
     return {"text": "\n".join(lines) + "\n", "json": summary}
+
+
+def _audit_progress(progress: Callable[[Progress], None] | None, total: int, device: str):
+    """The audit's per-task callback as `Progress` events, the phase's start announced at once."""
+    if progress is None:
+        return None
+    started = time.monotonic()
+    progress(Progress(0, total, phase="audit", device=device))
+
+    def update(index: int, total: int, audit) -> None:
+        spent = time.monotonic() - started
+        flags = "DEGENERATE " + ", ".join(audit.flags) if audit.degenerate else (audit.error or "ok")
+        progress(Progress(index, total, eta_s=spent / index * (total - index), last=f"{audit.task}: {flags}",
+                          phase="audit", device=device))
+
+    return update
 
 
 def run_report(store_path: Path, out: Path) -> dict:
@@ -409,15 +413,22 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     if written is not None:
         os.replace(written, into)
     tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
-    text = present.render_fast_p(tables, P_VALUES) if tables else "no stored verdict carries raw evidence to rejudge\n"
-    text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {c['message'][:120]}\n" for c in changes)
+    if tables:
+        text = (f"{len(rejudged)} stored verdicts rejudged under {target.name}'s rules from their raw evidence (no "
+                f"code ran). correct: passes every {target.name} check on the stored input sets. A speedup is "
+                f"recomputed from a verdict's stored timing rounds; a kernel that failed before it was timed has "
+                f"none, and fast_p counts it as not fast.\n" + present.render_fast_p(tables, P_VALUES))
+    else:
+        text = "no stored verdict carries raw evidence to rejudge\n"
+    text += "".join(f"  {c['submission']}: {c['from']} → {c['to']}  {present.shorten(c['message'], 120)}\n"
+                    for c in changes)
     if into is not None:
         text += f"rejudged store: {into}\n"
     return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
                                    "tables": tables}}
 
 
-def run_demo(out: Path) -> dict:
+def run_demo(out: Path, progress: Callable[[Progress], None] | None = None) -> dict:
     """The bundled example: a small published run with honest kernels and cheats, re-scored on this machine."""
     if not DEMO_RUN.is_dir() or not DEMO_TASKS.is_dir():
         raise InputError("the bundled example is missing: run the demo from a checkout of the repository")
@@ -429,14 +440,36 @@ def run_demo(out: Path) -> dict:
         result = run_rescore(DEMO_RUN, fmt="kernelbench", tasks=DEMO_TASKS, store_path=out / "store.sqlite",
                              protocols="original,verified", samples="first", report_dir=out / "report",
                              device="cpu", hidden_dirs=[REPO_ROOT / "hidden_tests"], timeout_s=300.0,
-                             show_progress=True, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
+                             progress=progress, protocol_overrides={"verified": {"timing_budget_s": 0.4}},
                              title="kbverify demo: the bundled example run")
     except StoreConflict:
         raise InputError(f"--out {out}: holds an earlier demo's store, made by another version of the demo; "
                          f"remove it or give --out another folder") from None
     header = (f"kbverify demo: {DEMO_RUN.relative_to(REPO_ROOT)} re-scored against "
               f"{DEMO_TASKS.relative_to(REPO_ROOT)} on the CPU under original and verified\n")
-    result["text"] = header + result["text"] + f"demo finished in {time.monotonic() - started:.0f} s\n"
+    counts, passing = _demo_reading(out / "store.sqlite")
+    result["text"] = (header + counts + result["text"] + passing
+                      + f"store: {out / 'store.sqlite'} (the demo run again resumes from it; `kbverify report` and "
+                        f"`kbverify score` read it)\n"
+                      + f"demo finished in {time.monotonic() - started:.0f} s\n")
     return result
 
 
+def _demo_reading(store_path: Path) -> tuple[str, str]:
+    """What the tables count (kernels against tasks, the samples fast_p leaves out), and how many kernels passed."""
+    from kbverify.records import task_label
+    from kbverify.store import Store
+
+    with Store(store_path) as store:
+        verified = [v for _, v in store.verdicts() if v.protocol == "verified"]
+    if not verified:
+        return "", ""
+    tasks = {task_label(v.task_name, v.level) for v in verified}
+    counts = f"{len(verified)} kernels for {len(tasks)} tasks."
+    left_out = sorted((v for v in verified if v.sample > 0), key=lambda v: (v.level or 0, v.problem_id or 0))
+    if left_out:
+        names = ", ".join(f"{v.task_name} sample {v.sample} ({v.status.value} under verified)" for v in left_out)
+        counts += f" fast_p scores one sample per task, the first, as KernelBench does, so it leaves out {names}."
+    passing = sum(v.correct for v in verified)
+    return counts + "\n", (f"{passing} of the {len(verified)} kernels pass verified and {len(verified) - passing} "
+                            f"fail it; {DEMO_RUN.relative_to(REPO_ROOT)}/README.md says what each kernel does.\n")

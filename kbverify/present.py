@@ -31,6 +31,17 @@ def verdict_json(verdict: Verdict) -> dict:
     }
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters ("…" marks the cut)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    cut = (head if text[limit - 1] == " " else head.rsplit(" ", 1)[0]).rstrip(",;:")
+    # a single word longer than half the room (a path, a hash) is cut inside it rather than dropped
+    return (cut if len(cut) >= limit // 2 else text[:limit - 1]) + "…"
+
+
 def _speed(verdict: Verdict) -> str:
     if verdict.speedup is None:
         return "-"
@@ -51,7 +62,7 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
             line += f"  warnings: {', '.join(verdict.warnings)}"
         lines.append(line)
         if verdict.message:
-            lines.append(f"  {'':<{width}}  {verdict.message[:300]}")
+            lines.append(f"  {'':<{width}}  {shorten(verdict.message, 300)}")
         if verdict.isolation != "isolated":
             lines.append(f"  {'':<{width}}  ISOLATION: DEGRADED ({verdict.isolation_reason}): the submission ran "
                          "unconfined and could have reached the parent, the judge or their files")
@@ -82,10 +93,21 @@ def render_fast_p(tables: dict, ps) -> str:
         lines.append(f"| fast_{p:g} | " + " | ".join(cells) + " |")
     for name in names:
         table = tables[name]
-        line = f"{name}: {table['n_tasks']} tasks, {table['n_correct']} correct"
-        if table.get("geomean_speedup") is not None:
-            line += f", geomean speedup of correct {table['geomean_speedup']:.3f}x"
-        if table.get("excluded"):
-            line += f"; excluded as degenerate: {', '.join(table['excluded'])}"
-        lines.append(line)
+        lines.append(_table_line(name, table))
     return "\n".join(lines) + "\n"
+
+
+def _table_line(name: str, table: dict) -> str:
+    """What `correct` counts, said beside the table: a correct kernel without a measured speedup (never timed)
+    is fast for no p, so fast_0 can be below the share correct."""
+    line = f"{name}: {table['n_tasks']} tasks, {table['n_correct']} correct"
+    timed = table.get("n_geomean", table["n_correct"])
+    if timed < table["n_correct"]:
+        line += (f" ({table['n_correct'] - timed} of them without a measured speedup, which fast_p counts as not "
+                 f"fast)")
+    if table.get("geomean_speedup") is not None:
+        which = "correct" if timed == table["n_correct"] else f"the {timed} timed"
+        line += f", geomean speedup of {which} {table['geomean_speedup']:.3f}x"
+    if table.get("excluded"):
+        line += f"; excluded as degenerate: {', '.join(table['excluded'])}"
+    return line

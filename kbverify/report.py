@@ -4,6 +4,10 @@ Everything is computed once into a plain summary (`summarize`), which the JSON s
 render; the HTML carries its CSS and SVG plots (`kbverify.plots`) inline, with no script and no external
 resource, so it can be attached to an issue or archived as is. fast_p comes from `kbverify.score`, the code path
 `kbverify score` uses, so a report and a score of the same verdicts agree.
+
+The Markdown and the HTML show a table of every verdict and provenance as a short block (machine, software, run
+ids); the full provenance record, with each run's arguments, is in the JSON alone. Evidence is cut at a word
+boundary in the tables, and in the HTML the whole text is one click away.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kbverify import __version__
+from kbverify.present import shorten
 from kbverify.plots import CLAIMED, protocol_colours, svg_claimed_vs_measured, svg_fast_p_curves
 from kbverify.protocols import PRESETS
 from kbverify.records import Verdict, task_label
@@ -50,9 +55,88 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
         "code_path": code_path_mismatches(verdicts),
         "memory": memory_rows(verdicts),
         "unverifiable": _unverifiable(verdicts),
+        "verdict_table": verdict_table(verdicts, protocols),
+        "provenance_short": short_provenance(verdicts, provenance),
         "provenance": _provenance(verdicts, provenance),
         "verdicts": [v.to_dict() for v in verdicts],
     }
+
+
+def verdict_table(verdicts: Sequence[Verdict], protocols: Sequence[str] | None = None) -> list[dict]:
+    """One row per verdict, the protocols of one submission side by side, in task order."""
+    order = {name: index for index, name in enumerate(protocols or dict.fromkeys(v.protocol for v in verdicts))}
+    rows = []
+    for verdict in sorted(verdicts, key=lambda v: (v.level is None, v.level or 0, v.problem_id is None,
+                                                    v.problem_id or 0, v.task_name, v.submission, v.sample,
+                                                    order.get(v.protocol, len(order)))):
+        evidence = _evidence(verdict) if not verdict.correct else {
+            "protocol": verdict.protocol, "set_id": None, "detail": verdict.message}
+        rows.append({"task": verdict.task, "task_name": verdict.task_name, "level": verdict.level,
+                     "submission": verdict.submission, "sample": verdict.sample, "protocol": verdict.protocol,
+                     "status": verdict.status.value, "speedup": verdict.speedup,
+                     "speedup_ci": list(verdict.speedup_ci) if verdict.speedup_ci else None,
+                     "speed": verdict.speed_class, "claimed_speedup": verdict.claimed_speedup,
+                     "warnings": list(verdict.warnings), "evidence": evidence})
+    return rows
+
+
+_SHORT_SOFTWARE = (("torch", "torch"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("triton", "Triton"),
+                   ("python", "Python"))
+
+
+def short_provenance(verdicts: Sequence[Verdict], given: dict | None) -> dict:
+    """What a reader checks first about where the verdicts come from: machine, software, run ids, protocol hashes,
+    isolation. Each value is every distinct one the verdicts (or, without theirs, the runs) record, so a store
+    that mixes machines says so. The full record is `_provenance`'s, in the JSON."""
+    runs = [run for run in (given or {}).get("runs", []) if isinstance(run, dict)]
+    records = [v.provenance for v in verdicts if v.provenance] or [run.get("provenance") or {} for run in runs]
+
+    def values(key: str) -> list:
+        return list(dict.fromkeys(r.get(key) for r in records if r.get(key) not in (None, "")))
+
+    gpus = values("gpu_model") or values("gpu_name") or values("gpu")
+    if gpus:
+        machine = " / ".join(map(str, gpus))
+        drivers = values("driver")
+        machine += f", driver {' / '.join(map(str, drivers))}" if drivers else ""
+    else:
+        machine = "CPU only" + (f" ({' / '.join(map(str, values('host_cpu')))})" if values("host_cpu") else "")
+    kbverify = " / ".join(map(str, values("kbverify"))) or __version__
+    details = [f"commit {str(c)[:10]}" for c in values("kbverify_commit")]
+    details += [f"sources {str(c)[:10]}" for c in values("kbverify_source_sha256")]
+    software = [f"kbverify {kbverify}" + (f" ({', '.join(details)})" if details else "")]
+    software += [f"{label} {' / '.join(map(str, values(key)))}" for key, label in _SHORT_SOFTWARE if values(key)]
+    hashes: dict[str, list[str]] = {}
+    for verdict in verdicts:
+        known = hashes.setdefault(verdict.protocol, [])
+        if verdict.protocol_sha256 and verdict.protocol_sha256[:12] not in known:
+            known.append(verdict.protocol_sha256[:12])
+    isolation = values("isolation") + [run.get("provenance", {}).get("isolation") for run in runs
+                                       if run.get("provenance", {}).get("isolation")]
+    return {"machine": machine, "mixed_machines": len(gpus) > 1 or len(values("host_cpu")) > 1,
+            "software": software, "runs": [_run_line(run) for run in runs],
+            "protocols": {name: known for name, known in hashes.items()},
+            "isolation": list(dict.fromkeys(isolation))}
+
+
+def _run_line(run: dict) -> str:
+    import datetime
+
+    arguments = run.get("arguments") or {}
+    parts = [str(run.get("run_id", "?"))]
+    if isinstance(run.get("started"), (int, float)):
+        parts.append(datetime.datetime.fromtimestamp(run["started"], datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC"))
+    if arguments.get("source"):
+        parts.append(f"source {arguments['source']}")
+    if arguments.get("protocols"):
+        parts.append("protocols " + ", ".join(arguments["protocols"]))
+    if arguments.get("planned_units"):
+        parts.append(f"{len(arguments['planned_units'])} units planned")
+    for note in arguments.get("notes", []):
+        if isinstance(note, dict) and note.get("rejudged"):
+            parts.append(f"rejudged under {note['rejudged']}")
+    return " · ".join(parts)
 
 
 def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
@@ -432,8 +516,80 @@ def _memory_rows_text(summary: dict, limit: int) -> tuple[list[str], list[list[s
 
 
 def _one_line(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return shorten(text, limit)
+
+
+def _speed_cell(row: dict) -> str:
+    """'0.648× [0.412, 1.019] ambiguous', as `kbverify check` prints a speedup."""
+    if row["speedup"] is None:
+        return "–"
+    text = _x3(row["speedup"])
+    if row["speedup_ci"]:
+        text += f" [{_x3(row['speedup_ci'][0], unit='')}, {_x3(row['speedup_ci'][1], unit='')}]"
+    return text + (f" {row['speed']}" if row["speed"] else "")
+
+
+def _x3(value: float, unit: str = "×") -> str:
+    digits = 3 if value < 10 else 1 if value < 100 else 0
+    return f"{value:.{digits}f}{unit}"
+
+
+def _submission_label(row: dict) -> str:
+    """The submission's id, with its sample number where the id does not already carry it (`.../s1`)."""
+    submission, sample = str(row["submission"]), row["sample"]
+    return submission if not sample or submission.endswith(f"s{sample}") else f"{submission} (sample {sample})"
+
+
+def _evidence_text(evidence: dict) -> str:
+    detail = evidence.get("detail") or ""
+    return f"set {evidence['set_id']}: {detail}" if evidence.get("set_id") else detail
+
+
+def _verdict_rows(summary: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """The every-verdict table: header, rows of text, and each row's whole evidence (the last cell, shortened)."""
+    header = ["level", "task", "submission", "protocol", "status", "speedup [95% CI]", "claimed", "warnings",
+              "evidence"]
+    rows, evidence = [], []
+    for row in summary["verdict_table"]:
+        whole = _evidence_text(row["evidence"])
+        cells = [_level_name(row["level"]), row["task_name"], _submission_label(row), row["protocol"], row["status"],
+                 _speed_cell(row), _x(row["claimed_speedup"]), ", ".join(row["warnings"]),
+                 _one_line(whole, EVIDENCE_CHARS)]
+        rows.append(cells)
+        evidence.append(whole)
+    return header, rows, evidence
+
+
+EVIDENCE_CHARS = 160
+_VERDICTS_NOTE = ("speedup: the PyTorch reference's time over the kernel's (above 1× is faster), with its 95% "
+                  "interval; faster, slower, same or ambiguous says where that interval lies against the noise "
+                  "margin (ambiguous: it straddles it). KernelBench's own timing (original) gives no interval.")
+
+
+def _provenance_items(summary: dict) -> list[tuple[str, str]]:
+    short = summary["provenance_short"]
+    items = [("machine", short["machine"] + (" (MIXED: verdicts from several machines)"
+                                             if short["mixed_machines"] else "")),
+             ("software", ", ".join(short["software"]))]
+    if short["isolation"]:
+        items.append(("isolation", ", ".join(map(str, short["isolation"]))))
+    items += [("run", line) for line in short["runs"]]
+    if short["protocols"]:
+        items.append(("protocols", ", ".join(f"{name} {' / '.join(hashes) or '–'}"
+                                             for name, hashes in short["protocols"].items())))
+    return items
+
+
+_PROVENANCE_NOTE = ("The full record (every verdict's provenance, each run's arguments and planned units) is in "
+                    "report.json.")
+
+
+def _degraded(summary: dict) -> bool:
+    return any(str(value) == "degraded" for value in summary["provenance_short"]["isolation"])
+
+
+_DEGRADED = ("isolation: degraded. This machine allowed no sandbox, so the candidates' processes could reach "
+             "what the verdicts depend on; treat these verdicts as unhardened.")
 
 
 # --- Markdown --------------------------------------------------------------------------------------------------------
@@ -448,6 +604,8 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
     out = [f"# {summary['title']}", ""]
+    if _degraded(summary):
+        out += [f"**{_DEGRADED}**", ""]
     n_claims, unverifiable = summary["claimed"]["n"], summary["unverifiable"]
     out += [f"{len(summary['verdicts'])} verdicts under {', '.join(summary['protocols']) or 'no protocol'}; "
             f"{n_claims} claimed speedups (mean {_x(summary['claimed']['mean'])}); "
@@ -464,6 +622,9 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
         out += ["", _md_table(*_change_rows(summary)), ""]
     else:
         out += ["None.", ""]
+    header, rows, _ = _verdict_rows(summary)
+    out += ["## Every verdict", "", _VERDICTS_NOTE + " Evidence is shortened here; report.json has it whole.", "",
+            _md_table(header, rows), ""]
     out += ["## Measured code path differs from the claimed one", ""]
     out += [_md_table(*_code_path_rows(summary)) if summary["code_path"] else "None found.", ""]
     if summary["memory"]:
@@ -473,7 +634,8 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
         out += ["## Unverifiable claims", "",
                 f"{unverifiable['n']} entries cannot be verified; {unverifiable['n_with_claim']} of them carry a "
                 f"claimed speedup (mean {_x(unverifiable['mean_claimed'])}).", ""]
-    out += ["## Provenance", "", "```json", json.dumps(_json_safe(summary["provenance"]), indent=1), "```", ""]
+    out += ["## Provenance", ""] + [f"- **{key}**: {value}" for key, value in _provenance_items(summary)]
+    out += ["", _PROVENANCE_NOTE, ""]
     return "\n".join(out)
 
 
@@ -511,7 +673,7 @@ def render_markdown_summary(verdicts: Sequence[Verdict]) -> str:
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2733;margin:0;background:#f4f6f8}
-main{max-width:1120px;margin:0 auto;padding:24px 32px 48px;background:#fff}
+main{max-width:1240px;margin:0 auto;padding:24px 32px 48px;background:#fff}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #dde3e9;padding-bottom:4px}
 p.lead{color:#4a5866;margin:4px 0 16px}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px;width:auto}
@@ -527,9 +689,15 @@ figcaption{font-size:12px;color:#5b6875;max-width:520px}
 .status-passed{color:#1e7e34}.status-fail{color:#b02a37;font-weight:600}
 code,pre{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 pre{background:#f6f8fa;padding:10px;overflow:auto;border-radius:4px}
-details summary{cursor:pointer;color:#1b6ca8}
+details summary{cursor:pointer;color:#1b6ca8}details p{margin:4px 0 0;overflow-wrap:anywhere}
+details[open] summary{color:#5b6875}
+.alert{background:#fdecea;border:1px solid #b02a37;color:#7a1420;padding:8px 12px;border-radius:6px;font-weight:600}
+dl.provenance{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:8px 0}
+dl.provenance dt{font-weight:600;color:#4a5866}dl.provenance dd{margin:0;overflow-wrap:anywhere}
+#verdict-table{font-size:12px;width:100%}#verdict-table td{padding:3px 6px}
+#verdict-table td:nth-child(2){min-width:120px}#verdict-table td:last-child{min-width:220px}
 .muted{color:#5b6875}
-td.nowrap,td.num{white-space:nowrap}
+td.nowrap,td.num,span.nowrap{white-space:nowrap}
 """
 
 
@@ -538,14 +706,32 @@ def _h(text) -> str:
 
 
 def _html_table(header: list[str], rows: list[list[str]], *, numeric: set[int] = frozenset(),
-                raw: set[int] = frozenset(), nowrap: set[int] = frozenset()) -> str:
+                raw: set[int] = frozenset(), nowrap: set[int] = frozenset(), table_id: str | None = None) -> str:
     def cell(tag: str, index: int, text: str) -> str:
         classes = " ".join(name for name, cols in (("num", numeric), ("nowrap", nowrap)) if index in cols)
         cls = f' class="{classes}"' if classes else ""
         return f"<{tag}{cls}>{text if index in raw else _h(text)}</{tag}>"
     head = "".join(cell("th", i, t) for i, t in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, t) for i, t in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    ident = f' id="{table_id}"' if table_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _speed_html(row: dict) -> str:
+    """The speedup and its interval on one line, the speed class below it."""
+    if row["speedup"] is None:
+        return "–"
+    text = _speed_cell({**row, "speed": None})
+    speed = f'<br><span class="muted">{_h(row["speed"])}</span>' if row["speed"] else ""
+    return f'<span class="nowrap">{_h(text)}</span>{speed}'
+
+
+def _details_html(text: str, limit: int = EVIDENCE_CHARS) -> str:
+    """Short text as it is; longer text cut at a word boundary, the whole of it one click away."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return _h(text)
+    return f"<details><summary>{_h(shorten(text, limit))}</summary><p>{_h(text)}</p></details>"
 
 
 def _status_html(status: str) -> str:
@@ -558,6 +744,7 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
     parts = [f"<h1>{_h(summary['title'])}</h1>",
              f'<p class="lead">{len(summary["verdicts"])} verdicts · protocols '
              f'{_h(", ".join(summary["protocols"]) or "none")} · kbverify {_h(summary["kbverify_version"])}</p>',
+             *([f'<p class="alert">{_h(_DEGRADED)}</p>'] if _degraded(summary) else []),
              _cards(summary)]
 
     parts.append("<h2>fast_p</h2><p class=\"muted\">Share of all tasks that are correct and faster than p× "
@@ -587,9 +774,29 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
         for row, change in zip(rows, summary["status_changes"]):
             row[:] = [_h(cell) for cell in row]
             row[change_column] = f"{_status_html(change['from_status'])} → {_status_html(change['to_status'])}"
+        evidence_column = header.index("evidence")
+        for row, change in zip(rows, summary["status_changes"]):
+            evidence = change["evidence"]
+            where = f"{evidence['protocol']} · set {evidence['set_id']}: " if evidence["set_id"] else \
+                f"{evidence['protocol']}: "
+            row[evidence_column] = _details_html(where + " ".join(str(evidence["detail"]).split()))
         parts.append(_html_table(header, rows, raw=set(range(len(header))), nowrap={3, 4}, numeric={5}))
     else:
         parts.append("<p>None.</p>")
+
+    parts.append(f'<h2 id="verdicts">Every verdict</h2><p class="muted">{_h(_VERDICTS_NOTE)}</p>')
+    header, rows, evidence = _verdict_rows(summary)
+    status_column = header.index("status")
+    speed_column = header.index("speedup [95% CI]")
+    for row, whole, data in zip(rows, evidence, summary["verdict_table"]):
+        status = row[status_column]
+        row[:] = [_h(cell) for cell in row]
+        row[status_column] = _status_html(status)
+        row[speed_column] = _speed_html(data)
+        row[1] = row[1].replace("_", "_<wbr>")  # long task names break after an underscore, not mid-word
+        row[-1] = _details_html(whole)
+    parts.append(_html_table(header, rows, raw=set(range(len(header))), numeric={header.index("claimed")},
+                             nowrap={status_column}, table_id="verdict-table"))
 
     parts.append("<h2>Measured code path differs from the claimed one</h2>")
     if summary["code_path"]:
@@ -616,7 +823,8 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
         parts.append("<details><summary>List</summary>"
                      + _html_table(["task", "submission", "claimed", "why"], rows, numeric={2}) + "</details>")
 
-    parts.append("<h2>Provenance</h2><pre>" + _h(json.dumps(_json_safe(summary["provenance"]), indent=1)) + "</pre>")
+    items = "".join(f"<dt>{_h(key)}</dt><dd>{_h(value)}</dd>" for key, value in _provenance_items(summary))
+    parts.append(f'<h2>Provenance</h2><dl class="provenance">{items}</dl><p class="muted">{_h(_PROVENANCE_NOTE)}</p>')
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

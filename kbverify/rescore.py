@@ -14,7 +14,8 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +23,7 @@ from kbverify import provenance as provenance_module
 from kbverify import task_probe
 from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
+from kbverify.progress import Progress, estimate_left_s
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict, task_label
 from kbverify.runner import CheckOptions, build_env, check
@@ -40,15 +42,6 @@ class Unit:
     key: str
     entry: Entry
     protocol: Protocol
-
-
-@dataclass(frozen=True)
-class Progress:
-    done: int
-    total: int
-    skipped: int
-    eta_s: float | None
-    last: str
 
 
 @dataclass(frozen=True)
@@ -88,8 +81,10 @@ def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
                    claimed_speedup=entry.claimed_speedup, sample=entry.sample)
 
 
-def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None) -> dict[str, dict]:
-    """Run each native submission's module level once, in parallel, so later evaluation finds its build cached."""
+def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None,
+             progress: Callable[[Progress], None] | None = None) -> dict[str, dict]:
+    """Run each native submission's module level once, in parallel, so later evaluation finds its build cached.
+    `progress` hears of the phase's start and of every finished build."""
     unique = {}
     for entry in entries:
         if entry.submission and entry.task and scan(entry.submission.source).native_sources:
@@ -108,8 +103,19 @@ def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None
         return submission.sha256, (outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
                                                       else f"build process died (exit {outcome.exit_code})"})
 
+    started, built = time.monotonic(), {}
+    if progress:
+        progress(Progress(0, len(unique), phase="build", device="cpu", workers=workers))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(build, unique.values()))
+        for future in as_completed([pool.submit(build, pair) for pair in unique.values()]):
+            sha256, result = future.result()
+            built[sha256] = result
+            if progress:
+                spent = time.monotonic() - started
+                progress(Progress(len(built), len(unique), eta_s=spent / len(built) * (len(unique) - len(built)),
+                                  last=f"{unique[sha256][0].id} {'built' if result.get('ok') else 'failed'}",
+                                  phase="build", device="cpu", workers=workers))
+    return built
 
 
 def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
@@ -117,6 +123,8 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
             build_workers: int | None = None, arguments: dict | None = None) -> RescoreSummary:
     started = time.monotonic()
     units = plan_units(entries, protocols)
+    if progress:  # before the machine is probed for provenance: that can take seconds on a GPU host
+        progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices)))
     # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
     planned = {unit.key: planned_unit(unit) for unit in units}
     store.begin_run(run_id, provenance_module.collect(devices[0]), {**(arguments or {}), "planned_units": planned},
@@ -129,14 +137,18 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
             store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
     todo = [u for u in todo if u.entry.verifiable]
     if todo:
-        prebuild([u.entry for u in todo], dataclasses.replace(options, device=devices[0]), workers=build_workers)
+        prebuild([u.entry for u in todo], dataclasses.replace(options, device=devices[0]), workers=build_workers,
+                 progress=progress)
     work: queue.Queue = queue.Queue()
     for unit in todo:
         work.put(unit)
     errors: list[str] = []
     failures: list[BaseException] = []
     done = [0]
-    durations: list[float] = []
+    durations: dict[str, list[float]] = {}  # per protocol: a verified unit takes many times a KernelBench one
+    pending = Counter(unit.protocol.name for unit in todo)
+    if progress:
+        progress(Progress(0, len(todo), resumed, phase="evaluate", device=devices[0], workers=len(devices)))
 
     def worker(device: str) -> None:
         device_options = dataclasses.replace(options, device=device)
@@ -151,6 +163,7 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
             except InfrastructureError as error:
                 with lock:
                     errors.append(f"{unit.entry.entry_id} [{unit.protocol.name}]: {error}")
+                    pending[unit.protocol.name] -= 1
                 log.error("infrastructure error on %s: %s", unit.entry.entry_id, error)
                 continue
             except BaseException as error:  # a bug of ours: stop every thread and raise it in the caller
@@ -160,12 +173,12 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
             with lock:
                 store.put(unit.key, run_id, verdict)
                 done[0] += 1
-                durations.append(time.monotonic() - unit_started)
-                remaining = len(todo) - done[0] - len(errors)
-                eta = (sum(durations) / len(durations)) * remaining / max(1, len(devices)) if durations else None
+                durations.setdefault(unit.protocol.name, []).append(time.monotonic() - unit_started)
+                pending[unit.protocol.name] -= 1
                 if progress:
-                    progress(Progress(done[0], len(todo), resumed, eta,
-                                      f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}"))
+                    progress(Progress(done[0], len(todo), resumed, estimate_left_s(durations, pending, len(devices)),
+                                      f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}",
+                                      phase="evaluate", device=device, workers=len(devices)))
 
     threads = [threading.Thread(target=worker, args=(device,), daemon=True) for device in devices]
     for thread in threads:

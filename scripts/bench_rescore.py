@@ -173,7 +173,7 @@ def full(args) -> None:
         result = jobs.run_rescore(args.source, fmt=args.format, tasks=args.tasks, store_path=store_path,
                                   protocols=args.protocol, samples="first", report_dir=None, device=args.device,
                                   hidden_dirs=[REPO / "hidden_tests"], timeout_s=900, limit=args.limit,
-                                  select=args.select, show_progress=False)
+                                  select=args.select)
         with Store(store_path) as store:
             verdicts = [v for _, v in store.verdicts()]
         per_protocol = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import random
 import shutil
@@ -12,6 +14,7 @@ import pytest
 
 from kbverify.jobs import tables_by_protocol
 from kbverify.plots import _step_points
+from kbverify.present import shorten
 from kbverify.records import BuildRecord, SetResult, Verdict
 from kbverify.report import P_VALUES, fast_p_table, render_markdown_summary, status_changes, summarize, write_reports
 from kbverify.status import Status
@@ -236,3 +239,145 @@ def test_html_renders_in_headless_chromium(tmp_path):
     )
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+# --- the every-verdict table, the short provenance block, evidence ------------------------------------------------
+
+LONG_DETAIL = ("norm-wise error 0.00734 (limit 0.001); element-wise worst ×9.15 of 0.001 + 0.001·|r| (ref "
+               "1.7678463459014893, cand 1.7931790351867676 at [8, 15, 5, 3]); allowance base (fp32 reference vs "
+               "float64) 1.1e-07, the tail of 0.13% of elements over the limit")
+
+
+def run_with_provenance() -> tuple[list[Verdict], dict]:
+    """small_run plus a failure with long evidence, verdicts carrying real-looking provenance, and the store's
+    run records (arguments with every planned unit)."""
+    machine = {"gpu_model": "NVIDIA H200", "gpu_uuid": "GPU-2a79f0aa-0000", "driver": "580.159.04",
+               "torch": "2.11.0+cu130", "cuda": "13.0", "python": "3.11.7", "kbverify": "0.1.0",
+               "kbverify_commit": "fe797f77ca22eba1f8596e049350ec7fcd61ea21",
+               "kbverify_source_sha256": "b47457c2d87a7b59e8dc1d4dcc74e50a8798f77b341fa5a8526e822fe1ce1725"}
+    shifted = SetResult(set_id="original/shifted/default/s0", shape="original", distribution="shifted",
+                        weights="default", seed=3, valid=True, status=Status.INCORRECT, detail=LONG_DETAIL)
+    run = small_run() + [verdict("5_LayerNorm", "verified", Status.INCORRECT, sets=(shifted,), message=LONG_DETAIL)]
+    run = [dataclasses.replace(v, provenance=machine) for v in run]
+    runs = [{"run_id": "8b303e504245", "started": 1764623940.0, "compat_key": "k", "provenance": machine,
+             "arguments": {"source": "examples/published_run", "protocols": ["original", "verified"],
+                           "planned_units": {f"{i:064x}": {"name": f"unit {i}"} for i in range(9)}}}]
+    return run, {"runs": runs}
+
+
+def _rows_of(table_html: str) -> list[list[str]]:
+    class Rows(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append("".join(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell.append(data)
+
+    parser = Rows()
+    parser.feed(table_html)
+    return parser.rows
+
+
+def test_every_verdict_has_a_row_in_the_markdown_and_the_html(tmp_path):
+    run, provenance = run_with_provenance()
+    paths = write_reports(run, tmp_path, provenance=provenance)
+    markdown = paths["md"].read_text()
+    section = markdown.split("## Every verdict", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith(("| level1 ", "| level2 "))]
+    assert len(rows) == len(run)
+    by_key = {(row[1], row[3]): row for row in rows}
+    # a passing kernel is in the table with its speedup, interval and warnings (before: only in the provenance dump)
+    assert by_key[("3_C", "verified")][4:6] == ["passed", "0.900× [0.850, 0.950]"]
+    assert by_key[("3_C", "verified")][7] == "pytorch_only"
+    assert by_key[("1_A", "verified")][4] == "exploit:stale_output"
+    assert "output unchanged after the inputs changed" in by_key[("1_A", "verified")][8]
+    assert by_key[("4_D", "original")][5] == "–"
+
+    page = paths["html"].read_text()
+    table = page.split('<table id="verdict-table">', 1)[1].split("</table>", 1)[0]
+    html_rows = _rows_of("<table>" + table + "</table>")
+    assert html_rows[0] == ["level", "task", "submission", "protocol", "status", "speedup [95% CI]", "claimed",
+                            "warnings", "evidence"]
+    assert len(html_rows) - 1 == len(run)
+    assert sorted((row[1], row[3], row[4]) for row in html_rows[1:]) == sorted(
+        (v.task_name, v.protocol, v.status.value) for v in run)
+
+
+def test_evidence_is_cut_at_a_word_and_whole_one_click_away(tmp_path):
+    run, provenance = run_with_provenance()
+    paths = write_reports(run, tmp_path, provenance=provenance)
+    markdown, page = paths["md"].read_text(), paths["html"].read_text()
+    line = next(line for line in markdown.splitlines() if line.startswith("| level1 | 5_LayerNorm"))
+    shown = line.rstrip(" |").rsplit(" | ", 1)[1]
+    assert shown.endswith("…") and len(shown) <= 160
+    kept = shown[:-1]
+    whole = "set original/shifted/default/s0: " + LONG_DETAIL
+    assert whole.replace("|", "\\|").startswith(kept) and whole[len(kept.replace("\\|", "|"))] == " "
+    assert f"<details><summary>{html.escape(shorten(whole, 160))}</summary><p>{html.escape(whole)}</p></details>" \
+        in page
+    rows = json.loads(paths["json"].read_text())["verdict_table"]
+    assert next(row for row in rows if row["task_name"] == "5_LayerNorm")["evidence"]["detail"] == LONG_DETAIL
+
+
+def test_provenance_is_a_short_block_and_the_full_record_stays_in_the_json(tmp_path):
+    run, provenance = run_with_provenance()
+    paths = write_reports(run, tmp_path, provenance=provenance)
+    markdown, page = paths["md"].read_text(), paths["html"].read_text()
+    block = markdown.split("## Provenance", 1)[1]
+    assert block.count("\n- **") == 4  # machine, software, run, protocols
+    assert "- **machine**: NVIDIA H200, driver 580.159.04" in block
+    assert "kbverify 0.1.0 (commit fe797f77ca, sources b47457c2d8), torch 2.11.0+cu130, CUDA 13.0" in block
+    assert "8b303e504245 · 2025-12-01 21:19 UTC · source examples/published_run" in block
+    assert "protocols original, verified · 9 units planned" in block
+    for text in (markdown, page):
+        assert "planned_units" not in text and "b47457c2d87a7b59e8dc1d4dcc74e50a8798f77b341fa5a8526e822fe1ce1725" \
+            not in text and "<pre>" not in text and "```json" not in text
+        assert "report.json" in text.split("Provenance", 1)[1]
+    assert '<dl class="provenance"><dt>machine</dt><dd>NVIDIA H200, driver 580.159.04</dd>' in page
+    full = json.loads(paths["json"].read_text())["provenance"]
+    assert len(full["run"]["runs"][0]["arguments"]["planned_units"]) == 9
+    assert full["verdicts"]["kbverify_source_sha256"] == [run[0].provenance["kbverify_source_sha256"]]
+
+
+def test_degraded_isolation_is_said_loudly(tmp_path):
+    run = [dataclasses.replace(v, provenance={**v.provenance, "isolation": "degraded"}) for v in small_run()]
+    paths = write_reports(run, tmp_path)
+    assert paths["md"].read_text().split("\n")[2].startswith("**isolation: degraded.")
+    assert '<p class="alert">isolation: degraded.' in paths["html"].read_text()
+    assert "isolation: degraded" not in write_reports(small_run(), tmp_path / "clean")["html"].read_text()
+
+
+def test_shorten_cuts_at_a_word_boundary():
+    assert shorten("a  b\n c", 10) == "a b c"
+    assert shorten("the quick brown fox jumps", 16) == "the quick brown…"
+    assert shorten("x" * 40, 10) == "x" * 9 + "…"  # one long word is cut inside it
+
+
+def test_the_fast_p_text_says_what_correct_counts():
+    """`rejudge --protocol kbv` printed "10 correct" beside fast_0 54.5%: four correct kernels had no speedup."""
+    from kbverify import present
+
+    run = ([verdict(f"{i}_T", "kbv", Status.PASSED, speedup=1.2, ci=(1.1, 1.3)) for i in range(1, 7)]
+           + [verdict(f"{i}_T", "kbv", Status.PASSED) for i in range(7, 11)]
+           + [verdict("11_T", "kbv", Status.INCORRECT)])
+    text = present.render_fast_p(tables_by_protocol(run, P_VALUES, None), P_VALUES)
+    assert "| fast_0 | 54.5%" in text
+    assert ("kbv: 11 tasks, 10 correct (4 of them without a measured speedup, which fast_p counts as not fast), "
+            "geomean speedup of the 6 timed 1.200x") in text
+    timed = present.render_fast_p(tables_by_protocol(run[:6], P_VALUES, None), P_VALUES)
+    assert "kbv: 6 tasks, 6 correct, geomean speedup of correct 1.200x" in timed

@@ -127,7 +127,7 @@ def planned_keys(source: Path, protocol_spec: str) -> set[str]:
 def _rescore(source: Path, store: Path, **overrides) -> dict:
     arguments = dict(fmt="auto", tasks=None, store_path=store, protocols="original,verified", samples="first",
                      report_dir=None, device="cpu", hidden_dirs=[], timeout_s=float(WORKER_TIMEOUT_S),
-                     show_progress=False, protocol_overrides=FAST)
+                     protocol_overrides=FAST)
     return jobs.run_rescore(source, **{**arguments, **overrides})
 
 
@@ -243,7 +243,10 @@ def test_two_device_workers_share_the_queue_and_write_each_unit_once(tmp_path, m
     assert len({thread for thread, _, _ in ran}) == 2 and {device for _, device, _ in ran} == {"cpu"}
     assert Counter(key for _, _, key in ran) == {unit.key: 1 for unit in plan_units(entries, protocols)}
     assert set(stored) == {key for _, _, key in ran}
-    assert [p.done for p in progress] == list(range(1, 9)) and all(p.total == 8 for p in progress)
+    # the units planned, the evaluation's start (0 done), then one event per finished unit, each naming where it ran
+    assert [(p.phase, p.done) for p in progress[:2]] == [("start", 0), ("evaluate", 0)]
+    assert [p.done for p in progress[1:]] == list(range(0, 9)) and all(p.total == 8 for p in progress)
+    assert {(p.phase, p.device, p.workers) for p in progress[1:]} == {("evaluate", "cpu", 2)}
     assert {v.status for v in stored.values()} == {Status.PASSED}
 
 
@@ -338,7 +341,7 @@ def test_units_left_without_a_verdict_make_the_run_incomplete_and_exit_3(tmp_pat
                  "--timeout", str(WORKER_TIMEOUT_S)]
     failed = CliRunner().invoke(cli.app, ["rescore", *arguments, "--json"])
     assert failed.exit_code == 3, failed.output[-2000:]
-    assert json.loads(failed.output)["missing_units"] == first["missing_units"]
+    assert json.loads(failed.stdout)["missing_units"] == first["missing_units"]  # progress went to stderr
     # the store remembers the plan: scoring or reporting it later says the same
     scored = CliRunner().invoke(cli.app, ["score", str(store), "--json"])
     assert scored.exit_code == 3 and sorted(json.loads(scored.output)["missing_units"]) == sorted(

@@ -1,0 +1,249 @@
+"""Progress of long work (`rescore`, `demo`, `audit`), shown to whoever watches it.
+
+The library reports `Progress` events to a callable it is given and never prints; the command line creates the one
+`Reporter` that shows them on stderr. In a terminal that is a live bar (rich). Anywhere else (stderr piped, a CI
+log) it is a plain line at every phase change (builds included) and at least every `HEARTBEAT_S` seconds while a
+phase runs, each with the counts, the rate and an estimate of the time left that names where the work runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, TextIO
+
+from kbverify.present import shorten
+
+# Below the 30 s a log reader may wait, with room for a loaded machine's scheduling.
+HEARTBEAT_S = 20.0
+_NOUNS = {"start": "units planned", "build": "native builds", "evaluate": "units", "audit": "tasks"}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One event of a long job: a phase started (done 0) or one more item of it finished."""
+
+    done: int
+    total: int
+    skipped: int = 0  # items already done by an earlier run (units found in the store), not in `total`
+    eta_s: float | None = None  # wall seconds left, as the job estimates them; None: no estimate yet
+    last: str = ""  # what just finished, e.g. "level1/4/s0 [verified] incorrect"
+    phase: str = "evaluate"  # "start" (rescore: units planned) | "build" | "evaluate" | "audit"
+    device: str = "cpu"  # where the phase's work runs: "cpu", "cuda:0"; builds run on CPU cores
+    workers: int = 1  # how many items run side by side (devices, build processes)
+
+
+def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int],
+                    workers: int) -> float | None:
+    """Wall seconds left: every pending item at the median duration of the finished items of its kind (for
+    `rescore`, its protocol), spread over `workers`. None until each kind still pending has a finished item:
+    guessing a `verified` unit from a KernelBench one, ten times shorter, is how an estimate jumps from 2 s to
+    258 s. The median, because a kind's first item also pays one-time costs (a worker's first imports)."""
+    total = 0.0
+    for kind, count in pending.items():
+        if count <= 0:
+            continue
+        seen = durations.get(kind) or ()
+        if not seen:
+            return None
+        total += count * statistics.median(seen)
+    return total / max(1, workers)
+
+
+def where(event: Progress) -> str:
+    """Where a phase's work runs, in words: 'the CPU', '2 GPUs', '4 CPU cores'."""
+    if event.phase == "build":
+        return f"{event.workers} CPU core{'s' if event.workers != 1 else ''}"
+    if str(event.device).startswith("cuda"):
+        return f"{event.workers} GPU{'s' if event.workers != 1 else ''}"
+    return "the CPU"
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '3 min 05 s', '1 h 02 min'."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def describe(event: Progress, *, phase_s: float, left_s: float | None, width: int = 70) -> str:
+    """One plain line: phase, counts, rate, time left and where, the last item."""
+    if event.phase == "start":
+        return f"start: {event.total} units planned on {where(event)}"
+    noun = _NOUNS.get(event.phase, "items")
+    parts = [f"{event.phase} {event.done}/{event.total} {noun}"
+             + (f" (+{event.skipped} already in the store)" if event.skipped else "")]
+    if event.total and event.done >= event.total:
+        parts.append(f"done in {duration(phase_s)} on {where(event)}")
+    else:
+        if event.done and phase_s > 0:
+            parts.append(f"{60 * event.done / phase_s:.1f}/min")
+        parts.append(_left_text(left_s, event))
+    if event.last:
+        parts.append(f"last: {shorten(event.last, width)}")
+    return " · ".join(parts)
+
+
+def _left_text(left_s: float | None, event: Progress) -> str:
+    if left_s is None:
+        return f"on {where(event)}, time left: estimating"
+    if left_s < 0.5:
+        return f"on {where(event)}, running past the estimate"
+    return f"about {duration(left_s)} left on {where(event)}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Reporter:
+    """Shows `Progress` events on `stream` (stderr): a live bar where it is a terminal, plain lines elsewhere.
+
+    Call it with each event (it is thread-safe), and close it (or use it as a context manager) when the work
+    ends. Nothing is written before the first event, so a command that fails on its input prints one line.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, live: bool | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = _is_terminal(self.stream) if live is None else live
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._started: float | None = None
+        self._event: Progress | None = None
+        self._event_at = 0.0
+        self._phase_at = 0.0
+        self._last_line_at = 0.0
+        self._printed: Progress | None = None  # the event the last plain line showed
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._bar = None
+        self._bar_task = None
+        self._bar_phase = ""
+
+    def __enter__(self) -> "Reporter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __call__(self, event: Progress) -> None:
+        with self._lock:
+            now = self.clock()
+            if self._started is None:
+                self._started = now
+                self._start_ticker()
+            new_phase = self._event is None or event.phase != self._event.phase
+            if new_phase and self._event is not None and not self.live:
+                self._finish_phase(now)
+            if new_phase:
+                self._phase_at = now
+            self._event, self._event_at = event, now
+            if self.live:
+                self._show_live(new_phase)
+            elif new_phase and event.phase == "start":
+                # said only if the next phase is slow to come: an input error found meanwhile stays one line
+                self._last_line_at = now
+            elif new_phase:
+                self._write(now)
+
+    def close(self) -> None:
+        """The last line (plain) or the bar's last state (live); stops the heartbeat."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+        with self._lock:
+            if self._event is None:
+                return
+            if self.live:
+                if self._bar_phase == "start":
+                    self._bar.remove_task(self._bar_task)
+                else:
+                    self._show_live(False)
+                self._bar.stop()
+            else:
+                self._finish_phase(self.clock())
+
+    # --- internals ------------------------------------------------------------------------------------------
+
+    def _left_s(self, now: float) -> float | None:
+        """The job's estimate, counted down since it was made (below 0 once the work outlasts it)."""
+        event = self._event
+        if event.eta_s is None or not math.isfinite(event.eta_s):
+            return None
+        return event.eta_s - (now - self._event_at)
+
+    def _line(self, now: float) -> str:
+        return (f"{_clock(now - self._started)}  "
+                + describe(self._event, phase_s=now - self._phase_at, left_s=self._left_s(now)))
+
+    def _write(self, now: float) -> None:
+        self.stream.write(f"kbverify {self._line(now)}\n")
+        self.stream.flush()
+        self._last_line_at, self._printed = now, self._event
+
+    def _finish_phase(self, now: float) -> None:
+        if self._event.phase == "start":
+            return  # the next phase says the rest
+        if self._printed is not self._event or self._event.done < self._event.total:
+            self._write(now)
+
+    def _start_ticker(self) -> None:
+        self._ticker = threading.Thread(target=self._tick, name="kbverify-progress", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        """Live: refresh the estimate every second. Plain: a line whenever none was written for heartbeat_s."""
+        while not self._stop.wait(1.0 if self.live else min(1.0, self.heartbeat_s / 4)):
+            with self._lock:
+                now = self.clock()
+                if self.live:
+                    self._show_live(False)
+                elif now - self._last_line_at >= self.heartbeat_s:
+                    self._write(now)
+
+    def _show_live(self, new_phase: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+        event, now = self._event, self.clock()
+        if self._bar is None:
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TextColumn("{task.fields[left]}", markup=False),
+                            TextColumn("{task.fields[last]}", markup=False, style="dim"),
+                            console=Console(file=self.stream), transient=False)
+            self._bar.start()
+        if new_phase:
+            if self._bar_task is not None and self._bar_phase == "start":
+                self._bar.remove_task(self._bar_task)  # a placeholder until the first real phase
+            noun = _NOUNS.get(event.phase, "items")
+            self._bar_task = self._bar.add_task(f"{event.phase} {noun}", total=max(1, event.total), left="",
+                                                last="")
+            self._bar_phase = event.phase
+        if event.phase == "start":
+            text = f"starting on {where(event)}"
+        elif event.total and event.done >= event.total:
+            text = f"done on {where(event)}"
+        else:
+            text = _left_text(self._left_s(now), event)
+        if event.skipped:
+            text += f" (+{event.skipped} in the store)"
+        # a phase with nothing to do (every unit already in the store) shows as one full bar
+        self._bar.update(self._bar_task, completed=event.done if event.total else 1, total=max(1, event.total),
+                         left=text, last=shorten(event.last, 40))
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
