@@ -111,8 +111,8 @@ def short_provenance(verdicts: Sequence[Verdict], given: dict | None) -> dict:
         known = hashes.setdefault(verdict.protocol, [])
         if verdict.protocol_sha256 and verdict.protocol_sha256[:12] not in known:
             known.append(verdict.protocol_sha256[:12])
-    isolation = values("isolation") + [run.get("provenance", {}).get("isolation") for run in runs
-                                       if run.get("provenance", {}).get("isolation")]
+    # how each verdict's submission processes were confined (Verdict.isolation; older records say "degraded")
+    isolation = [v.isolation for v in verdicts if v.isolation]
     return {"machine": machine, "mixed_machines": len(gpus) > 1 or len(values("host_cpu")) > 1,
             "software": software, "runs": [_run_line(run) for run in runs],
             "protocols": {name: known for name, known in hashes.items()},

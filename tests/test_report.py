@@ -27,7 +27,7 @@ def verdict(task: str, protocol: str, status: Status, *, speedup=None, ci=None, 
         submission=f"{task}.py", submission_sha256="0" * 64, protocol=protocol, protocol_sha256="1" * 64,
         status=status, warnings=tuple(warnings), message=message, speedup=speedup, speedup_ci=ci,
         claimed_speedup=claimed, sets=tuple(sets), build=build, timing=timing or {}, sample=sample,
-        provenance={"gpu": "NVIDIA H200", "torch": "2.11.0"},
+        provenance={"gpu": "NVIDIA H200", "torch": "2.11.0"}, isolation="isolated",
     )
 
 
@@ -339,7 +339,8 @@ def test_provenance_is_a_short_block_and_the_full_record_stays_in_the_json(tmp_p
     paths = write_reports(run, tmp_path, provenance=provenance)
     markdown, page = paths["md"].read_text(), paths["html"].read_text()
     block = markdown.split("## Provenance", 1)[1]
-    assert block.count("\n- **") == 4  # machine, software, run, protocols
+    assert block.count("\n- **") == 5  # machine, software, run, protocols, isolation
+    assert "- **isolation**: isolated" in block
     assert "- **machine**: NVIDIA H200, driver 580.159.04" in block
     assert "kbverify 0.1.0 (commit fe797f77ca, sources b47457c2d8), torch 2.11.0+cu130, CUDA 13.0" in block
     assert "8b303e504245 · 2025-12-01 21:19 UTC · source examples/published_run" in block
@@ -355,7 +356,7 @@ def test_provenance_is_a_short_block_and_the_full_record_stays_in_the_json(tmp_p
 
 
 def test_degraded_isolation_is_said_loudly(tmp_path):
-    run = [dataclasses.replace(v, provenance={**v.provenance, "isolation": "degraded"}) for v in small_run()]
+    run = [dataclasses.replace(v, isolation="degraded", isolation_reason="switched off") for v in small_run()]
     paths = write_reports(run, tmp_path)
     assert paths["md"].read_text().split("\n")[2].startswith("**isolation: degraded.")
     assert '<p class="alert">isolation: degraded.' in paths["html"].read_text()
