@@ -127,9 +127,10 @@ def _note_child(context: _Context, job: str, outcome: ChildOutcome) -> None:
     claim = (outcome.result or {}).get("infrastructure_error")
     if claim is None:
         return
-    if outcome.ran_submission and _a_worker_starts_here(context.options.device):
-        # Said by a process that ran submission code, and a worker without it starts and finishes here: the
-        # candidate's failure, never the machine's (a submission can write any result it likes).
+    if outcome.ran_submission and outcome.submission_phase_seen and _a_worker_starts_here(context.options.device):
+        # Said after submission code ran (its first phase was announced), and a worker without it starts and
+        # finishes here: the candidate's failure, never the machine's (a submission can send any result it likes).
+        # Before that phase only harness code had run, so the claim is ours (a task that fails to load, say).
         log.warning("%s worker for %s claimed an infrastructure error that a probe worker did not confirm: %s",
                     job, context.submission.id, str(claim)[:300])
         return
@@ -162,7 +163,7 @@ def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None 
 def _unclaimed(outcome: ChildOutcome) -> ChildOutcome:
     """An infrastructure error claimed by submission code and not confirmed (see _note_child) is a death of the
     candidate's: the outcome then reads as a child that died after its candidate phase."""
-    if outcome.result and "infrastructure_error" in outcome.result:
+    if outcome.result and "infrastructure_error" in outcome.result and outcome.submission_phase_seen:
         return dataclasses.replace(outcome, result=None, submission_phase_seen=True,
                                    last_phase=outcome.last_phase or "candidate:unconfirmed-infrastructure-claim")
     return outcome

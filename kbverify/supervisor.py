@@ -148,25 +148,22 @@ def _end_everything(pid: int) -> None:
 def _let_the_server_go() -> None:
     """Every child of multiprocessing's worker server inherits the write end of the server's "alive" pipe, so the
     server outlives the parent while any child lives, and a child outlives it while the server lives: a killed
-    kbverify left both running. Closing it here lets the server end with the parent, and this child with it."""
-    try:
-        from multiprocessing import forkserver
+    kbverify left both running. Closing it here lets the server end with the parent, and this child with it; the
+    same for the resource tracker, which ends when its pipe has no writer left."""
+    from multiprocessing import forkserver, resource_tracker
 
-        fd = forkserver._forkserver._forkserver_alive_fd
-        if fd is not None:
-            os.close(fd)
-            forkserver._forkserver._forkserver_alive_fd = None
-    except (ImportError, AttributeError, OSError):
-        pass
-    try:  # the same for multiprocessing's resource tracker, which ends when its pipe has no writer left
-        from multiprocessing import resource_tracker
+    _close_attribute(getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd")
+    _close_attribute(getattr(resource_tracker, "_resource_tracker", None), "_fd")
 
-        fd = resource_tracker._resource_tracker._fd
-        if fd is not None:
+
+def _close_attribute(holder, name: str) -> None:
+    fd = getattr(holder, name, None)
+    if isinstance(fd, int):
+        try:
             os.close(fd)
-            resource_tracker._resource_tracker._fd = None
-    except (ImportError, AttributeError, OSError):
-        pass
+        except OSError:
+            pass
+        setattr(holder, name, None)
 
 
 def _close_all_but(keep: set[int]) -> None:

@@ -33,7 +33,7 @@ PUBLISHED = REPO / "examples" / "published_run"
 ALL_TASKS = load_task_dir(BASIC) + load_task_dir(DEGENERATE)
 CORPUS_FILES = sorted(CORPUS.glob("*/*.py"))
 RUNNABLE_SUBMISSIONS = [p for p in CORPUS_FILES if p.parent.name in ("honest", "exploits")]
-HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why): (?P<value>.*)$")
+HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget): (?P<value>.*)$")
 DEFECTS = ("Constant", "NearZero", "MostlyZero", "UniformAxis", "DeadInput", "DeadParameter", "Stochastic",
            "NonFinite", "Identity")
 

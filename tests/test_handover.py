@@ -36,7 +36,7 @@ def test_a_forged_ipc_hand_over_cannot_run_code_in_the_judge(tmp_path):
     path = tmp_path / "forged.pt"
     path.write_bytes(evaluate._IPC_MAGIC + pickle.dumps([_Evil()]))
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        evaluate._load_ipc(str(path))
+        evaluate._load_ipc(path.read_bytes())
 
 
 def test_a_forged_weights_file_cannot_run_code_either(tmp_path):
