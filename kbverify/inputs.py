@@ -80,7 +80,7 @@ def draw_inputs(namespace: dict, seed: int, device) -> list:
     """One draw of get_inputs(), made on the device (torch factories follow the default device)."""
     import torch
 
-    from kbverify.worker import set_seed  # workers only: the parent never draws inputs
+    from kbverify.child.worker import set_seed  # workers only: the parent never draws inputs
 
     set_seed(seed)
     with torch.device(device):

@@ -612,6 +612,8 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                                    message="the timing worker's replies are not what it measured: " + driven.forged)
     if context.protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
         return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER, message=_refusal(record))
+    if context.protocol.guards and str(record.get("error", "")).startswith("HarnessChanged"):
+        return dataclasses.replace(verdict, status=Status.EXPLOIT_TAMPER, message="while timed: " + record["error"])
     if record.get("load_error") or record.get("error"):
         # "the reference failed" is the worker's word, and the worker ran submission code: it counts only if
         # the reference fails alone too (the clean run below)
@@ -707,7 +709,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         estimate = two_clocks["host"]["estimate"]
         ref_ms, cand_ms = two_clocks["host"]["ref_ms"], two_clocks["host"]["cand_ms"]
         warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
-    elif protocol.guards and on_gpu:
+    elif protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate with a clean one
         estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean)
         if slowed:
             warnings.append(Warn.REFERENCE_SLOWED.value)

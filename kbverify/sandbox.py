@@ -39,7 +39,7 @@ def last_worker_info(device: str) -> dict | None:
 # Imported once in the forkserver so each child starts warm; none of these touches CUDA at import.
 # Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
 # children, so it is imported in each child instead.
-PRELOAD = ["torch", "numpy", "kbverify.worker", "kbverify.evaluate", "kbverify.timing", "kbverify.kernelbench_v01",
+PRELOAD = ["torch", "numpy", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
            "kbverify.correctness", "kbverify.hidden", "kbverify.stats"]
 # Only the interleaved timing worker needs scipy (its stopping rule's quantiles). Importing it costs about 60% of
 # torch's own import (0.5 s on a CPU), which a command that times nothing that way should not pay at start-up;
@@ -141,7 +141,7 @@ class ChildOutcome:
 
 def run_child(job: str, payload: dict, *, timeout_s: float, device: str = "cpu",
               env: dict | None = None, keep_dir: bool = False, writable: tuple = ()) -> ChildOutcome:
-    """Run `kbverify.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
+    """Run `kbverify.child.worker.run_job(job, payload)` in a fresh child and wait for it (or kill it)."""
     return run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, writable=writable)])[0]
 
 
@@ -231,7 +231,7 @@ class _Running:
         self.closed = False
 
     def send(self, command: dict) -> None:
-        """A command to the job (kbverify.worker.receive_command reads it)."""
+        """A command to the job (kbverify.child.worker.receive_command reads it)."""
         self.channel.send_bytes(json.dumps({"kind": channel.COMMAND, **command}).encode())
 
     def read(self, timeout_s: float | None) -> bool:

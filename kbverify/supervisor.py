@@ -2,7 +2,7 @@
 
     parent ──socket──▶ supervisor (forked by the worker server; runs no submission code)
                          └─ init: PID 1 of a new PID namespace (confined jobs; runs no submission code)
-                              └─ job: drops every capability, then runs kbverify.worker.run_job
+                              └─ job: drops every capability, then runs kbverify.child.worker.run_job
 
 The supervisor relays the job's framed messages to the parent, tagged so the job cannot speak in its name, and
 reports what only it can know: how the job was confined and how it ended (waitpid). It watches the parent's
@@ -234,7 +234,7 @@ def _job_main(job, payload, workdir, env, up_w, down_r, confinement) -> None:
             confine.drop_privileges(confinement)
         except OSError:
             os._exit(71)
-    from kbverify import guards, worker
+    from kbverify.child import guards, worker
 
     worker.attach_channel(up_w, down_r)
     if not job.startswith("kernelbench"):  # KernelBench's own protocol runs submissions as KernelBench did

@@ -184,9 +184,33 @@ def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, d
         entry = shown.get(str(index))
         if not isinstance(entry, dict) or commitment(entry) != commits.get(str(index)):
             raise TimingForged(f"timed call {index}'s output was not the one the worker committed to")
+        if not _well_formed(entry):
+            raise TimingForged(f"timed call {index}'s revealed projections are not ones the harness sends")
         kept = {"seed": seeds[index - first], "projections": entry.get("projections"),
                 "signature": entry.get("signature")}
         (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
+
+
+def _well_formed(entry: dict) -> bool:
+    """What timing_check reads must be what the harness writes: a list of base64 float64 vectors (or None)."""
+    import base64
+    import binascii
+
+    projections = entry.get("projections")
+    if not isinstance(projections, list) or not isinstance(entry.get("signature"), list):
+        return False
+    for projection in projections:
+        if projection is None:
+            continue
+        if not isinstance(projection, str):
+            return False
+        try:
+            raw = base64.b64decode(projection, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        if not raw or len(raw) % 8:
+            return False
+    return True
 
 
 def commitment(entry: dict) -> str:

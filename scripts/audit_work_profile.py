@@ -4,11 +4,11 @@
         [--no-hidden] [--no-as-cuda] [--timing-calls N] [--protocol original,kbv,verified] [--json OUT]
         [--paths 25]
 
-Runs the audit worker's job (`kbverify.audit_worker.audit_job`) in this process on the CPU, built as
+Runs the audit worker's job (`kbverify.child.audit_worker.audit_job`) in this process on the CPU, built as
 `kbverify.audit.worker_payload` builds it for `audit_tasks` (as scripts/audit_memory_profile.py does), under a
 `TorchDispatchMode` that counts every aten operation, keyed by
   - the phase bucket of the worker's record (`raw.phase_s`): sets:<shape>:<weights>, dead, timing, ...
-    (from `kbverify.worker.last_phase()`), and
+    (from `kbverify.child.worker.last_phase()`), and
   - a path of the worker's functions the operation ran under (reference_set/forward:float32,
     null:bf16/candidate/forward:bfloat16, ..., set by wrapping those functions in this process only).
 Per bucket and path: kernel operations (views and empty allocations excluded), counts by operation, elements
@@ -64,7 +64,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from kbverify import audit_worker, correctness, evaluate, hidden, worker
+from kbverify import correctness, hidden
+from kbverify.child import audit_worker, evaluate, worker
 from kbverify.audit import AuditSettings, worker_payload
 from kbverify.hidden import _tensors  # every tensor in a nested argument
 from kbverify.tasks import execute_task, load_task, parse_task

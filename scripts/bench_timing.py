@@ -175,7 +175,7 @@ def kernelbench_aa(task: Task, args) -> list[dict]:
     """Reference then an identical copy, each 3 warm-ups + 100 trials on the same inputs, means compared."""
     import torch
 
-    from kbverify.precision import set_tf32
+    from kbverify.child.precision import set_tf32
     from kbverify.tasks import execute_task
 
     device = torch.device(args.device)

@@ -16,7 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify import audit_worker, correctness
+from kbverify import correctness
+from kbverify.child import audit_worker
 from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
                             judged_protocols)
 from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
@@ -437,7 +438,7 @@ def test_the_dead_check_does_not_import_sympy():
 
     program = """
 import sys, torch
-from kbverify import audit_worker
+from kbverify.child import audit_worker
 before = "sympy" in sys.modules
 model = torch.nn.Linear(8, 4)
 class Context:
@@ -458,7 +459,7 @@ print(before or "sympy" not in sys.modules)
 @given(st.lists(st.floats(0.5, 50_000.0), min_size=1, max_size=60), st.floats(1.0, 20_000.0),
        st.floats(0.5, 20_000.0))
 def test_the_timing_flag_stops_early_only_when_the_full_median_is_decided(times_us, decided_us, threshold_us):
-    from kbverify.audit_worker import samples_until_decided
+    from kbverify.child.audit_worker import samples_until_decided
 
     planned = len(times_us)
     calls = iter(times_us)
@@ -490,7 +491,7 @@ def test_the_projection_drawn_again_gives_the_gradient_a_stored_projection_gives
                                            ("return x * 0.0 + self.bias", True)])
 def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_on_its_input(forward, dead):
     source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")
-    from kbverify.evaluate import shape_namespaces
+    from kbverify.child.evaluate import shape_namespaces
     from kbverify.tasks import parse_task
 
     namespace = shape_namespaces(parse_task(source, name="1_InPlace"), [{"shape": "original", "overrides": {}}])
@@ -507,7 +508,7 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
 def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_clones(monkeypatch, forward):
     """The leaves are the drawn inputs themselves; a model that writes to its input behind autograd's back must
     not change what is reported (each input's scale is taken before the model runs)."""
-    from kbverify.evaluate import shape_namespaces
+    from kbverify.child.evaluate import shape_namespaces
     from kbverify.tasks import parse_task
 
     source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")

@@ -14,8 +14,8 @@ PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "
                "kbverify.supervisor", "kbverify.confine", "kbverify.channel", "kbverify.timing_control",
                "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
                "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats"]
-CHILD_SIDE = {"torch", "kbverify.worker", "kbverify.evaluate", "kbverify.timing", "kbverify.kernelbench_v01",
-              "kbverify.audit_worker", "kbverify.footprint_worker", "kbverify.guards", "kbverify.handover"}
+CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
+              "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
 
 
 def _imported_after(modules: list[str]) -> set[str]:
@@ -38,7 +38,7 @@ def test_importing_kbverify_starts_nothing_and_loads_nothing_heavy():
 def test_the_jobs_that_run_submission_code_are_named_in_the_contract():
     from kbverify import channel
 
-    source = (REPO / "kbverify" / "worker.py").read_text()
+    source = (REPO / "kbverify" / "child" / "worker.py").read_text()
     for job in channel.SUBMISSION_JOBS:
         assert f'"{job}":' in source, f"{job} is not a job the worker runs"
     assert channel.runs_submission("candidate", {"submission_source": "x = 1"})

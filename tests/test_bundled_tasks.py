@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbverify.evaluate import construct_candidate
+from kbverify.child.evaluate import construct_candidate
 
 from kbverify.status import Status, Warn
 from kbverify.tasks import Task, execute_task, load_task, load_task_dir

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from kbverify import evaluate
+from kbverify.child import evaluate
 
 
 def test_an_output_is_handed_over_once_and_removed(tmp_path):

@@ -134,7 +134,7 @@ raise RuntimeError("FOUND" + json.dumps(found))
 
 
 def test_a_result_counts_only_from_a_job_that_exits_0_after_sending_it():
-    source = ("import os, signal\nfrom kbverify import worker\n"
+    source = ("import os, signal\nfrom kbverify.child import worker\n"
               "worker.send({'kind': 'result', 'result': {'ok': True, 'error': '', 'extensions': {}}})\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")
     outcome = _probe(source)
@@ -143,7 +143,7 @@ def test_a_result_counts_only_from_a_job_that_exits_0_after_sending_it():
 
 
 def test_the_job_cannot_speak_for_its_supervisor():
-    source = ("from kbverify import worker\n"
+    source = ("from kbverify.child import worker\n"
               "worker.send({'kind': 'exit', 'code': 0, 'signal': None})\n"
               "worker.send({'kind': 'sandbox', 'isolation': 'isolated', 'reason': 'forged', 'job_pid': 1})\n"
               "import os\nos._exit(9)\n")

@@ -112,10 +112,10 @@ def test_the_worker_server_does_not_hold_the_callers_output_pipes():
 def test_time_accounts_a_submission_tampers_with_are_dropped_not_a_crash():
     """They are written in the process the submission runs in: the parent keeps numbers only, and a worker whose
     bookkeeping was broken still reports its result."""
-    broken = _build("import kbverify.worker as w\nclass Soon:\n    def __round__(self, n):\n        return 'soon'\n"
+    broken = _build("import kbverify.child.worker as w\nclass Soon:\n    def __round__(self, n):\n        return 'soon'\n"
                     "w._PHASE_SECONDS['zz'] = Soon()\nw._JOB_STARTED = 'x'\n")
     assert broken.result["ok"] is True and broken.job_s is None and broken.phases_s == ()
-    forged = _build("import kbverify.worker as w\nw._time_accounts = lambda: {'_phases_s': [['a', 'soon'], 5, "
+    forged = _build("import kbverify.child.worker as w\nw._time_accounts = lambda: {'_phases_s': [['a', 'soon'], 5, "
                     "['b', 1.5], [3, 2.0]], '_job_s': 'later'}\n")
     assert forged.result["ok"] is True and forged.phases_s == (("b", 1.5),) and forged.job_s is None
     assert "_phases_s" not in forged.result and "_job_s" not in forged.result
@@ -137,7 +137,7 @@ _WATCH_PROBE = """
 import importlib.machinery
 import importlib.util
 import sys
-from kbverify.worker import ExtensionWatch
+from kbverify.child.worker import ExtensionWatch
 assert "torch.utils.cpp_extension" not in sys.modules, "imported before the submission asked"
 first, second = ExtensionWatch().install(), ExtensionWatch().install()
 assert "torch.utils.cpp_extension" not in sys.modules, "install() imported it"

@@ -101,7 +101,7 @@ def test_the_same_work_measures_as_the_same_speed():
 
 
 def _bare_cover():
-    from kbverify.timing import _Cover
+    from kbverify.child.timing import _Cover
 
     cover = object.__new__(_Cover)  # no device to calibrate against on the CPU: the length rule alone
     cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], _Cover.CAP_MS, 1.0
@@ -143,7 +143,7 @@ def test_a_forward_that_always_waits_on_the_device_keeps_the_hold_at_its_floor()
 def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     import torch
 
-    from kbverify.timing import _Side
+    from kbverify.child.timing import _Side
 
     side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     seen_fresh = seen_refilled = False
@@ -168,7 +168,7 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
 def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_tensors():
     import torch
 
-    from kbverify.timing import _Side
+    from kbverify.child.timing import _Side
 
     side = _Side("ref", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     side.place([torch.zeros(4)])
@@ -185,7 +185,7 @@ def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_t
 def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
     import torch
 
-    from kbverify.timing import _Side
+    from kbverify.child.timing import _Side
 
     side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     x = torch.randn(4, 4)
@@ -198,7 +198,7 @@ def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
 def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
     import torch
 
-    from kbverify.timing import _own_storages, _poison
+    from kbverify.child.timing import _own_storages, _poison
 
     model = torch.nn.Linear(3, 2)
     fresh = torch.ones(2, 2)

@@ -14,13 +14,13 @@ from typing import Callable
 
 import torch
 
-from kbverify import guards
+from kbverify.child import guards
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
-from kbverify.handover import Construction, HandoverPlan
+from kbverify.child.handover import Construction, HandoverPlan
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
-from kbverify.precision import set_tf32
-from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
+from kbverify.child.precision import set_tf32
+from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
                              short_error, synchronize, task_from)
 
 POISON_NAN = float("nan")
@@ -119,7 +119,7 @@ def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
 
 def _built(ModelNew: type, init_inputs: list, state: dict,
            plan: HandoverPlan | None = None) -> tuple[torch.nn.Module, set[str], HandoverPlan]:
-    """ModelNew built with `state` handed over as it is created (`kbverify.handover`): at the top level only, or,
+    """ModelNew built with `state` handed over as it is created (`kbverify.child.handover`): at the top level only, or,
     with a plan recorded by an earlier build from the same seed, wherever the plan says."""
     construction = Construction(state, ModelNew, plan)
     with construction:
@@ -211,7 +211,7 @@ def set_inputs(namespace: dict, input_set: dict, device) -> list:
 
 
 def _call(model, inputs, call_seed: int):
-    """One forward. The collector is off during it, as in every timed call (kbverify.timing): nothing a forward can
+    """One forward. The collector is off during it, as in every timed call (kbverify.child.timing): nothing a forward can
     look at (the collector's state among it) tells a checked call from a timed one."""
     set_seed(call_seed)
     collecting = gc.isenabled()

@@ -84,7 +84,7 @@ def run_job(job: str, payload: dict) -> dict:
     if isinstance(result, dict) and job != "probe":
         # Provenance rides along with every result, so the parent needs no separate probe.
         result["_worker"] = probe_job(payload)
-        from kbverify import guards
+        from kbverify.child import guards
 
         if guards.refused:
             result["refused"] = sorted(set(guards.refused))
@@ -94,19 +94,19 @@ def run_job(job: str, payload: dict) -> dict:
 
 
 JOBS = {
-    "kernelbench_eval": "kbverify.kernelbench_v01:eval_job",
-    "kernelbench_baseline": "kbverify.kernelbench_v01:baseline_job",
-    "kernelbench_candidate_timing": "kbverify.kernelbench_v01:candidate_timing_job",
-    "candidate": "kbverify.evaluate:candidate_job",
-    "judge": "kbverify.evaluate:judge_job",
-    "timing": "kbverify.timing:timing_job",
-    "reference_timing": "kbverify.timing:reference_timing_job",
-    "timing_check": "kbverify.timing:timing_check_job",
-    "build": "kbverify.worker:build_job",
-    "audit": "kbverify.audit_worker:audit_job",
-    "footprint": "kbverify.footprint_worker:footprint_job",
-    "probe": "kbverify.worker:probe_job",
-    "hidden": "kbverify.worker:hidden_job",
+    "kernelbench_eval": "kbverify.child.kernelbench_v01:eval_job",
+    "kernelbench_baseline": "kbverify.child.kernelbench_v01:baseline_job",
+    "kernelbench_candidate_timing": "kbverify.child.kernelbench_v01:candidate_timing_job",
+    "candidate": "kbverify.child.evaluate:candidate_job",
+    "judge": "kbverify.child.evaluate:judge_job",
+    "timing": "kbverify.child.timing:timing_job",
+    "reference_timing": "kbverify.child.timing:reference_timing_job",
+    "timing_check": "kbverify.child.timing:timing_check_job",
+    "build": "kbverify.child.worker:build_job",
+    "audit": "kbverify.child.audit_worker:audit_job",
+    "footprint": "kbverify.child.footprint_worker:footprint_job",
+    "probe": "kbverify.child.worker:probe_job",
+    "hidden": "kbverify.child.worker:hidden_job",
 }
 
 

@@ -33,10 +33,10 @@ import torch
 from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict, read_by_mostly
 from kbverify.correctness import (CHUNK_ELEMENTS, certainly_rejects, flatten_outputs, judge_set, screen,
                                   summarize)
-from kbverify.evaluate import build_reference, set_inputs, shape_namespaces
+from kbverify.child.evaluate import build_reference, set_inputs, shape_namespaces
 from kbverify.inputs import derive_seed
-from kbverify.precision import set_tf32
-from kbverify.worker import announce, device_from, is_cuda_fatal, set_seed, short_error, synchronize, task_from
+from kbverify.child.precision import set_tf32
+from kbverify.child.worker import announce, device_from, is_cuda_fatal, set_seed, short_error, synchronize, task_from
 
 _LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from kbverify import guards
+from kbverify.child import guards
 from kbverify.correctness import flatten_outputs
-from kbverify.evaluate import build_reference, construct_candidate, in_protocol_mode, shape_namespaces
+from kbverify.child.evaluate import build_reference, construct_candidate, in_protocol_mode, shape_namespaces
 from kbverify.inputs import clone_inputs, derive_seed, draw_inputs
-from kbverify.precision import assert_baseline_flags, set_tf32, tf32_state
+from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
 from kbverify.status import Warn
-from kbverify.worker import (compile_untrusted, ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
+from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
                              task_from)
 
 EVENT_FLOOR_MS = 0.0005
@@ -473,9 +473,10 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -
     input seed, and reads the times back at once, bounded by its own clock around the batch. Each call's output
     projections are committed to (a hash per call) before the parent says which calls it checks, so they cannot
     be redone afterwards. Returns the seconds spent serving."""
-    from kbverify import worker
+    from kbverify.child import worker
 
     worker.send({"kind": "reply", "op": "ready"})
+    models = {name: side.model for name, side in sides.items()}
     started = time.monotonic()
     pending: list = []
     while True:
@@ -490,6 +491,7 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -
         name = "ref" if command.get("side") == "ref" else "cand"
         side = sides[name]
         side.batch = {}
+        _check_sides(sides, models)
         announce("timing:reference" if name == "ref" else "candidate:timing")
         times = []
         for seed in command.get("seeds", []):
@@ -522,6 +524,25 @@ def _raw(vector: torch.Tensor) -> str:
     return base64.b64encode(vector.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()).decode()
 
 
+class HarnessChanged(RuntimeError):
+    """The timing worker's own objects were changed from outside the harness (a frame walk from a forward)."""
+
+
+def _check_sides(sides: dict, models: dict) -> None:
+    """Before every batch: the sides are the harness's as it built them. Their objects are locals of the batch loop,
+    which the tamper snapshot of module globals does not see, and a forward that walks its frames can reach
+    them: a reference swapped for a slower one, a method shadowed on the instance (a draw that waits), a batch
+    store that rewrites what is committed. In-process, so it raises the bar rather than closing the way."""
+    if set(sides) != {"ref", "cand"} or type(sides) is not dict:
+        raise HarnessChanged("the timing sides were replaced")
+    for name, side in sides.items():
+        if type(side) is not _Side or side.model is not models[name] or type(side.batch) is not dict:
+            raise HarnessChanged(f"the {name} side's model, class or batch store was replaced")
+        shadowed = [key for key in vars(side) if callable(getattr(_Side, key, None))]
+        if shadowed:
+            raise HarnessChanged(f"the {name} side's {shadowed[0]} was replaced on the instance")
+
+
 def commitment(entry: dict) -> str:
     """What a call's projections and output signature hash to (kbverify.timing_control checks a revealed call
     against it: the same function, there)."""
@@ -544,7 +565,7 @@ def _reference_signature(reference, namespace, device) -> list:
 
 
 def _last_phase_is_reference() -> bool:
-    from kbverify import worker
+    from kbverify.child import worker
 
     phase = worker.last_phase()
     return bool(phase) and not phase.startswith("candidate")
@@ -656,7 +677,11 @@ def timing_check_job(payload: dict) -> dict:
         if check.get("signature") != signature:
             wrong_structure.append(index)
             continue
-        kept = [None if p is None else _from_raw(p) for p in check["projections"]]
+        try:  # the parent checked the form; what is in it is still the candidate's
+            kept = [None if p is None else _from_raw(p) for p in check["projections"]]
+        except (TypeError, ValueError) as error:
+            mismatches.append({"call": index, "relative_error": None, "why": f"unreadable projections ({error})"})
+            continue
         inputs = draw_inputs(namespace, int(check["seed"]), device)
         exact, baseline = _reference_projections(reference, inputs, secret, index, projector, reassert)
         mismatch = _compare_projections(index, kept, exact, baseline, norm_rtol, allowance)

@@ -20,7 +20,7 @@ import torch
 
 from kbverify.correctness import flatten_outputs
 from kbverify.tasks import execute_task, parse_task
-from kbverify.worker import announce, short_error
+from kbverify.child.worker import announce, short_error
 
 # On meta, recurrent layers run torch's Python decompositions step by step: 4-10 s for KernelBench's LSTMs and
 # GRUs against milliseconds for everything else. Their outputs are small next to their inputs, so a forward

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from kbverify.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
+from kbverify.child.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
                              task_from, to_device)
 
 SEED = 42
@@ -222,7 +222,7 @@ def _baseline_before_candidate(payload: dict, device: torch.device) -> dict:
     The flags it sets are put back before the candidate's evaluation, which KernelBench runs on defaults.
     Candidate code shares this process afterwards, as it shares its own timing in KernelBench: this protocol
     reproduces KernelBench's numbers and is no defence against a submission that forges them."""
-    from kbverify.precision import assert_baseline_flags, tf32_state
+    from kbverify.child.precision import assert_baseline_flags, tf32_state
 
     flags = tf32_state()
     try:
@@ -261,7 +261,7 @@ def baseline_job(payload: dict, device: torch.device | None = None) -> dict:
 
 
 def _apply_baseline_flags(payload: dict) -> None:
-    from kbverify.precision import set_tf32
+    from kbverify.child.precision import set_tf32
 
     set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", False)),
              cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
@@ -270,7 +270,7 @@ def _apply_baseline_flags(payload: dict) -> None:
 def candidate_timing_job(payload: dict) -> dict:
     """KernelBench's timing of a candidate (warm-ups, trials, mean, same inputs each call), with the submission
     in a namespace of its own: the timing half of protocols that check correctness in isolation."""
-    from kbverify.worker import compile_untrusted
+    from kbverify.child.worker import compile_untrusted
 
     device = device_from(payload)
     task = task_from(payload)
