@@ -88,6 +88,14 @@ def draw_inputs(namespace: dict, seed: int, device) -> list:
     return [value.to(device) if isinstance(value, torch.Tensor) else value for value in raw]
 
 
+def timed_inputs(namespace: dict, seed: int, distribution: str, device) -> list:
+    """A timed call's inputs: the draw for the parent's seed, under the distribution the parent chose for it (the
+    correctness sets' own), so timed calls cannot be told from checked ones by their values. The timing worker
+    and the stale check (which compares the call with the reference) both draw through here."""
+    raw = draw_inputs(namespace, seed, device)
+    return raw if distribution == "x1" else apply_distribution(raw, distribution, seed)
+
+
 def apply_distribution(inputs: list, distribution: str, seed: int) -> list:
     """Derive a distribution's inputs from the x1 draw. Returns new tensors; the draw is untouched."""
     import torch

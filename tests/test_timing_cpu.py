@@ -105,6 +105,7 @@ def _bare_cover():
 
     cover = object.__new__(_Cover)  # no device to calibrate against on the CPU: the length rule alone
     cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], _Cover.CAP_MS, 1.0
+    cover.probe_ms = _Cover.CAP_MS
     return cover
 
 

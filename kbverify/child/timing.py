@@ -19,22 +19,21 @@ import time
 import torch
 
 from kbverify.child import guards
-from kbverify.correctness import flatten_outputs
 from kbverify.child.evaluate import build_reference, construct_candidate, in_protocol_mode, shape_namespaces
-from kbverify.inputs import clone_inputs, derive_seed, draw_inputs
 from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
+from kbverify.child.timed_call import _SLEEP, KINDS, _timed_call, flush_buffer
+from kbverify.child.timed_call import Cover as _Cover
+from kbverify.child.worker import (ExtensionWatch, announce, compile_untrusted, device_from, set_seed, short_error,
+                                   synchronize, task_from)
+from kbverify.correctness import flatten_outputs
+from kbverify.inputs import derive_seed, draw_inputs, timed_inputs
 from kbverify.status import Warn
-from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
-                             task_from)
 
-EVENT_FLOOR_MS = 0.0005
 CALLS_PER_SIDE = 3
 # Captured when the worker loads, before any submission: `secrets.randbits`, `os.urandom` and `random.Random` are
 # module attributes a submission could replace to make the timed inputs or the round order predictable.
 _URANDOM = os.urandom
 _RANDOM = random.Random
-# The device-side hold, captured for the same reason: a submission that emptied it would time its rival's launches.
-_SLEEP = getattr(torch.cuda, "_sleep", None)
 
 
 def _random_bits(bits: int) -> int:
@@ -54,6 +53,7 @@ class _Side:
         self.previous_inputs: list | None = None
         self.threads_started = 0
         self.host_ms: list[float] = []  # hold → end event on the host: what the device-side hold has to cover
+        self.probe: list[list[float]] = []  # warm-up: [hold ms, host ms] per call (is the forward blocked?)
         self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
         self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
@@ -77,9 +77,10 @@ class _Side:
         self.batch[call_index] = {"projections": [None if p is None else _raw(p) for p in projections],
                                   "signature": json.loads(json.dumps(signature))}
 
-    def inputs_for(self, seed: int) -> tuple[int, list]:
-        """The parent chose the seed and sends it with the batch: nothing in this process predicts the next."""
-        return seed, draw_inputs(self.namespace, seed, self.device)
+    def inputs_for(self, seed: int, distribution: str = "x1") -> tuple[int, list]:
+        """The parent chose the seed and the distribution and sends them with the batch: nothing in this process
+        predicts the next."""
+        return seed, timed_inputs(self.namespace, seed, distribution, self.device)
 
     def place(self, staged: list) -> list:
         """The call's own input tensors, filled from a finished draw by copies enqueued now (after the hold):
@@ -208,160 +209,6 @@ class _Projector:
         return values
 
 
-def _flush_buffer(device):
-    if device.type != "cuda":
-        return None
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
-    return torch.empty(max(2 * l2_bytes, 64 << 20) // 4, dtype=torch.float32, device=device)
-
-
-class _Cover:
-    """A device-side wait enqueued before each call's inputs, flush and launches.
-
-    Its length is set once, from the warm-up, the same for both sides. Warm-up calls get the longest hold
-    (CAP_MS), and those whose host work ended before it ran out show the host's own time per call; the hold is
-    then a margin over the slowest of them. A forward that waits on the device (a synchronise, an `.item()`)
-    always outlasts its hold, whatever its length, so such calls say nothing about the host and the hold stays at
-    its floor for them: a hold that grew to fit them would only grow with them, to the cap. Beyond the hold the
-    host's excess shows in the time, for either side, and is counted (`uncovered_calls`).
-    """
-
-    FLOOR_MS = 0.05
-    CAP_MS = 20.0
-    MARGIN = 1.5
-    FIRST_CALLS = 2  # the warm-up's first call on each side
-
-    def __init__(self, device):
-        self.device = device
-        self.probing = True  # warm-up: every hold at the cap
-        self.host_ms: list[float] = []  # warm-up calls that ended before their hold: the host's own time
-        self.fixed_ms = self.CAP_MS
-        self.cycles_per_ms = self._calibrate()
-
-    def _calibrate(self) -> float:
-        cycles = 1_000_000
-        rates = []
-        for _ in range(3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            _SLEEP(cycles)
-            end.record()
-            end.synchronize()
-            rates.append(cycles / max(start.elapsed_time(end), 1e-3))
-        return max(rates[1:])  # the fastest clock seen: the hold is at least as long as asked
-
-    @property
-    def length_ms(self) -> float:
-        return self.CAP_MS if self.probing else self.fixed_ms
-
-    def hold(self) -> None:
-        _SLEEP(int(self.length_ms * self.cycles_per_ms))
-
-    def observe(self, host_ms: float) -> int:
-        """A call's host time; 1 when it outlasted the hold it had, else 0."""
-        outlasted = int(host_ms > self.length_ms)
-        if self.probing and not outlasted:
-            self.host_ms.append(host_ms)
-        return outlasted
-
-    def settle(self) -> None:
-        """After the warm-up: the clock calibrated again on a warm device (a clock still ramping up at the first
-        calibration makes every hold short), and the hold's length fixed."""
-        self.cycles_per_ms = max(self.cycles_per_ms, self._calibrate())
-        self.fix_length()
-
-    def fix_length(self) -> None:
-        # Each side's first call pays one-time costs (allocations, library handles, kernel loading) that later
-        # calls do not: on the H200 it set a 1 ms hold for calls whose host work took 0.3 ms, and the hold is
-        # most of a small call's wall time. Later outliers still count.
-        settled = self.host_ms[self.FIRST_CALLS:] or self.host_ms
-        slowest = max(settled, default=0.0)
-        self.fixed_ms = min(max(self.MARGIN * slowest, self.FLOOR_MS), self.CAP_MS)
-        self.probing = False
-
-
-def _timed_call(side: _Side, draw, device, flush, projector, before_call=None, cover=None):
-    """One call: flush, events around the call, projection stream-ordered after it, then a device sync.
-    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, flattened outputs, early
-    projection).
-
-    Every call starts from an idle device. On a GPU the stream is then held by a device-side wait (`cover`) long
-    enough for the host to draw the inputs, enqueue the flush and launch the whole call behind it, so the events
-    time the device's work and not the host's launch overhead. Without the hold the first launch raced the
-    flush: a sub-0.1 ms call measured 5–30 µs of host time or none, depending on what the host had done just
-    before, and an A/A measured on the H200 came out 3–13% off. The inputs are drawn before the hold (a draw
-    made on the host may block on the stream) and copied into the call's own tensors behind it: a kernel that
-    skips the stream order and starts on another stream at once reads the previous call's values (aliased
-    inputs, subclasses and strided slices are the exceptions: they go to the call as drawn).
-
-    Between the inputs' existence and the start event the harness does nothing a submission could hook: the
-    thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
-    inside the reference's timed call, say), is off from the draw until the call is over, for both sides, as
-    `timeit` does."""
-    mark = time.perf_counter_ns()
-    if device.type == "cuda":
-        start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(5))
-        torch.cuda.synchronize(device)
-    if before_call is not None:
-        before_call()
-    threads = guards.thread_count()
-    modes = guards.mode_depths()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        mark = side.spent("idle", mark)
-        seed, staged = draw()
-        host_started = mark = side.spent("draw", mark)
-        if cover is not None:
-            cover.hold()
-        inputs = side.place(staged)  # `staged` stays referenced until this function returns
-        set_seed(derive_seed(side.secret, "rng", len(side.calls)))
-        if flush is not None:
-            flush.zero_()
-        with torch.set_grad_enabled(side.grad):
-            if device.type == "cuda":
-                start.record()
-                out = side.model(*inputs)
-                # inside the timed region: a returned container's own __iter__ is the submission's code, and
-                # whatever it launches or computes is part of the call
-                flat = flatten_outputs(out)
-                end.record()
-                mark = side.spent("launch", mark)
-                host_ms = (mark - host_started) / 1e6
-                side.host_ms.append(host_ms)
-                if cover is not None:
-                    side.uncovered += cover.observe(host_ms)
-                projecting.record()
-                early = projector(flat)
-                projected.record()
-                torch.cuda.synchronize(device)
-                after_sync.record()
-                after_sync.synchronize()
-                side.spent("run_and_project", mark)
-                elapsed = start.elapsed_time(end)
-                # the device's time after the end event, less the projection's own kernels and launches
-                side.settle_gaps_ms.append(end.elapsed_time(projecting) + projected.elapsed_time(after_sync))
-            else:
-                started = time.perf_counter_ns()
-                out = side.model(*inputs)
-                flat = flatten_outputs(out)
-                elapsed = (time.perf_counter_ns() - started) / 1e6
-                early = projector(flat)
-                side.spent("run_and_project", mark)
-    finally:
-        _restore_gc(collecting)
-    side.threads_started = max(side.threads_started, guards.thread_count() - threads)
-    side.modes_left.update(guards.modes_left_active(modes))
-    # the flattened outputs, a plain list, from here on: iterating the returned object again would run the
-    # submission's code again, outside the timed region
-    return max(elapsed, EVENT_FLOOR_MS), seed, inputs, list(flat), early
-
-
-def _restore_gc(collecting: bool) -> None:
-    if collecting:
-        gc.enable()
-
-
 def timing_job(payload: dict) -> dict:
     device = device_from(payload)
     task = task_from(payload)
@@ -413,7 +260,7 @@ def timing_job(payload: dict) -> dict:
     for side in sides.values():
         side.jitter_bytes = int(payload.get("placement_jitter_bytes", 0))
     projector = _Projector(secret, device)
-    flush = _flush_buffer(device)
+    flush = flush_buffer(device)
     # torch.cuda._sleep is private API: without it the launch race is back, and the record says so
     cover = _Cover(device) if device.type == "cuda" and _SLEEP is not None else None
     if device.type == "cuda" and cover is None:
@@ -447,6 +294,7 @@ def timing_job(payload: dict) -> dict:
     record["threads_started"] = {name: side.threads_started for name, side in sides.items()}
     record["host_ms"] = {name: _quantiles(side.host_ms) for name, side in sides.items()}
     record["uncovered_calls"] = {name: side.uncovered for name, side in sides.items()}
+    record["hold_probe"] = {name: side.probe for name, side in sides.items()} if cover is not None else None
     record["cover_ms"] = cover.length_ms if cover is not None else None
     record["phase_ms_per_call"] = {name: {phase: total / 1e6 / max(1, len(side.calls))
                                           for phase, total in side.phase_ns.items()}
@@ -489,15 +337,18 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -
             worker.send({"kind": "reply", "op": "reveal", "calls": chosen})
             continue
         name = "ref" if command.get("side") == "ref" else "cand"
+        kind = command.get("kind") if command.get("kind") in KINDS else "device"
         side = sides[name]
         side.batch = {}
         _check_sides(sides, models)
         announce("timing:reference" if name == "ref" else "candidate:timing")
         times = []
-        for seed in command.get("seeds", []):
+        seeds = command.get("seeds", [])
+        distributions = command.get("distributions") or ["x1"] * len(seeds)
+        for seed, distribution in zip(seeds, distributions):
             elapsed, seed, inputs, out, early = _timed_call(
-                side, lambda side=side, seed=int(seed): side.inputs_for(seed), device, flush, projector,
-                reassert if name == "ref" else None, cover)
+                side, lambda side=side, seed=int(seed), d=str(distribution): side.inputs_for(seed, d), device, flush,
+                projector, reassert if name == "ref" else None, cover, kind)
             del inputs
             times.append(elapsed)
             side.calls.append({"seed": seed})
@@ -514,7 +365,8 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -
             side.spent("poison", mark)
             del out
         commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
-        worker.send({"kind": "reply", "op": "batch", "side": name, "times_ms": times, "commits": commits,
+        worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
+                     "commits": commits,
                      "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
 
 
@@ -574,7 +426,9 @@ def _last_phase_is_reference() -> bool:
 def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     calls = 0
-    while calls < 3 or time.monotonic() < deadline:
+    while calls < (4 if cover is not None else 3) or time.monotonic() < deadline:
+        if cover is not None:  # long and short holds in turn, the same for both sides (kbverify.timing_modes)
+            cover.probe_ms = cover.CAP_MS if calls % 2 == 0 else cover.PROBE_SHORT_MS
         for name, side in sides.items():
             announce("timing:reference-warmup" if name == "ref" else "candidate:warmup")
             seed = derive_seed(side.secret, name, "warmup", calls)
@@ -651,100 +505,6 @@ def _to_host(vectors: list) -> list:
 
 
 STALE_SAMPLING_FACTOR = 1.1  # a 4096-element sample estimates a norm to about 1%: a small margin is enough
-
-
-def timing_check_job(payload: dict) -> dict:
-    """The checked timed calls against the reference, in a process without submission code: the candidate's
-    worker committed to each call's output projections before it knew which calls the parent would check, and
-    the parent hands the revealed ones here with the seeds it chose (SPEC §4, stale outputs)."""
-    device = device_from(payload)
-    secret = payload["secret"]
-    announce("reference:load")
-    namespace = shape_namespaces(task_from(payload), [{"shape": "original", "overrides": {}}])["original"]
-    set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", True)),
-             cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
-    flags = tf32_state()
-    reference, _ = build_reference(namespace, derive_seed(secret, "timing-weights"), "default", device,
-                                   bool(payload.get("train_mode", True)))
-    announce("timing:stale-check")
-    projector = _Projector(secret, device)
-    reassert = lambda: assert_baseline_flags(flags)  # noqa: E731
-    signature = json.loads(json.dumps(_reference_signature(reference, namespace, device)))
-    norm_rtol, allowance = float(payload.get("norm_rtol") or 1e-3), float(payload.get("baseline_allowance") or 0.0)
-    mismatches, wrong_structure = [], []
-    for check in payload["checks"]:
-        index = int(check["call"])
-        if check.get("signature") != signature:
-            wrong_structure.append(index)
-            continue
-        try:  # the parent checked the form; what is in it is still the candidate's
-            kept = [None if p is None else _from_raw(p) for p in check["projections"]]
-        except (TypeError, ValueError) as error:
-            mismatches.append({"call": index, "relative_error": None, "why": f"unreadable projections ({error})"})
-            continue
-        inputs = draw_inputs(namespace, int(check["seed"]), device)
-        exact, baseline = _reference_projections(reference, inputs, secret, index, projector, reassert)
-        mismatch = _compare_projections(index, kept, exact, baseline, norm_rtol, allowance)
-        if mismatch is not None:
-            mismatches.append(mismatch)
-    return {"checked": len(payload["checks"]), "mismatches": mismatches, "n_mismatches": len(mismatches),
-            "wrong_structure": wrong_structure[:10], "n_wrong_structure": len(wrong_structure)}
-
-
-def _from_raw(text: str) -> torch.Tensor:
-    import base64
-
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float64)
-
-
-def _compare_projections(index, kept, exact, baseline, norm_rtol: float, allowance: float) -> dict | None:
-    """A kept timed output against the reference on the same inputs, under the correctness rule's norm-wise
-    limit (with the TF32 baseline's own error as allowance): a timed path that differs from the judged one,
-    replays, or leaves work undone fails here."""
-    if len(kept) != len(exact):
-        return {"call": index, "relative_error": None, "why": "another number of outputs"}
-    for got, want, base in zip(kept, exact, baseline):
-        if got is None and want is None:  # neither has elements to compare (a zero-size output, say)
-            continue
-        if got is None or want is None or got.shape != want.shape:
-            return {"call": index, "relative_error": None, "why": "no tensor output"}
-        error = _sample_norm_error(got, want)
-        base_error = _sample_norm_error(base, want) if base is not None else 0.0
-        limit = STALE_SAMPLING_FACTOR * max(norm_rtol, allowance * base_error)
-        gross = _projection_error(got, want)
-        if not (error <= limit and gross <= 3 * limit):
-            return {"call": index, "relative_error": error, "projection_error": gross, "limit": limit}
-    return None
-
-
-def _reference_projections(reference, inputs, secret, index, projector, reassert):
-    reassert()
-    flags = tf32_state()
-    set_tf32(matmul=False, cudnn=False)
-    set_seed(derive_seed(secret, "rng", index))
-    with torch.no_grad():
-        exact = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*clone_inputs(inputs))))]
-    assert_baseline_flags(flags)
-    set_seed(derive_seed(secret, "rng", index))
-    with torch.no_grad():
-        baseline = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*inputs)))]
-    return exact, baseline
-
-
-def _sample_norm_error(got, want) -> float:
-    count = _Projector.COUNT
-    got_sample, want_sample = got[count + 1:], want[count + 1:]
-    norm = float(torch.linalg.vector_norm(want_sample))
-    diff = float(torch.linalg.vector_norm(got_sample - want_sample))
-    if not torch.isfinite(got_sample).all():
-        return float("inf")
-    return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
-
-
-def _projection_error(got, want) -> float:
-    count = _Projector.COUNT
-    error = float(torch.sqrt(((got[:count] - want[:count]) ** 2).mean()))
-    return error / max(float(want[count]), 1e-30)
 
 
 def _moved_bytes(reference, namespace, device) -> tuple[int, int]:
@@ -832,5 +592,5 @@ def reference_timing_job(payload: dict) -> dict:
     drives its rounds as it drives the candidate's (kbverify.timing_control) and keeps their times."""
     payload = {**payload, "aa": True}
     record = timing_job(payload)
-    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls")
+    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls", "hold_probe", "host_ms")
     return {key: record.get(key) for key in kept}

@@ -101,7 +101,7 @@ JOBS = {
     "judge": "kbverify.child.evaluate:judge_job",
     "timing": "kbverify.child.timing:timing_job",
     "reference_timing": "kbverify.child.timing:reference_timing_job",
-    "timing_check": "kbverify.child.timing:timing_check_job",
+    "timing_check": "kbverify.child.timing_check:timing_check_job",
     "build": "kbverify.child.worker:build_job",
     "audit": "kbverify.child.audit_worker:audit_job",
     "footprint": "kbverify.child.footprint_worker:footprint_job",

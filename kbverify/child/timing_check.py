@@ -1,0 +1,115 @@
+"""The timed outputs the parent chose to check, against the reference, in a process without submission code.
+
+The candidate's timing worker committed to each call's output projections (kbverify.child.timing) before it knew
+which calls the parent would check; the parent hands the revealed ones here with the seed and the distribution
+it chose for each call, so each is compared with the reference on exactly the inputs the timed call drew.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from kbverify.child import timing
+from kbverify.child.evaluate import build_reference, shape_namespaces
+from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
+from kbverify.child.timing import _Projector, _reference_signature
+from kbverify.child.worker import announce, device_from, set_seed, task_from
+from kbverify.correctness import flatten_outputs
+from kbverify.inputs import clone_inputs, derive_seed, timed_inputs
+
+
+def timing_check_job(payload: dict) -> dict:
+    """The checked timed calls against the reference, in a process without submission code: the candidate's
+    worker committed to each call's output projections before it knew which calls the parent would check, and
+    the parent hands the revealed ones here with the seeds it chose (SPEC §4, stale outputs)."""
+    device = device_from(payload)
+    secret = payload["secret"]
+    announce("reference:load")
+    namespace = shape_namespaces(task_from(payload), [{"shape": "original", "overrides": {}}])["original"]
+    set_tf32(matmul=bool(payload.get("baseline_matmul_tf32", True)),
+             cudnn=bool(payload.get("baseline_cudnn_tf32", True)))
+    flags = tf32_state()
+    reference, _ = build_reference(namespace, derive_seed(secret, "timing-weights"), "default", device,
+                                   bool(payload.get("train_mode", True)))
+    announce("timing:stale-check")
+    projector = _Projector(secret, device)
+    reassert = lambda: assert_baseline_flags(flags)  # noqa: E731
+    signature = json.loads(json.dumps(_reference_signature(reference, namespace, device)))
+    norm_rtol, allowance = float(payload.get("norm_rtol") or 1e-3), float(payload.get("baseline_allowance") or 0.0)
+    mismatches, wrong_structure = [], []
+    for check in payload["checks"]:
+        index = int(check["call"])
+        if check.get("signature") != signature:
+            wrong_structure.append(index)
+            continue
+        try:  # the parent checked the form; what is in it is still the candidate's
+            kept = [None if p is None else _from_raw(p) for p in check["projections"]]
+        except (TypeError, ValueError) as error:
+            mismatches.append({"call": index, "relative_error": None, "why": f"unreadable projections ({error})"})
+            continue
+        # the call's own draw: its seed and the distribution the parent chose for it, as the timed call drew it
+        inputs = timed_inputs(namespace, int(check["seed"]), str(check.get("distribution") or "x1"), device)
+        exact, baseline = _reference_projections(reference, inputs, secret, index, projector, reassert)
+        mismatch = _compare_projections(index, kept, exact, baseline, norm_rtol, allowance)
+        if mismatch is not None:
+            mismatches.append(mismatch)
+    return {"checked": len(payload["checks"]), "mismatches": mismatches, "n_mismatches": len(mismatches),
+            "wrong_structure": wrong_structure[:10], "n_wrong_structure": len(wrong_structure)}
+
+
+def _from_raw(text: str) -> torch.Tensor:
+    import base64
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float64)
+
+
+def _compare_projections(index, kept, exact, baseline, norm_rtol: float, allowance: float) -> dict | None:
+    """A kept timed output against the reference on the same inputs, under the correctness rule's norm-wise
+    limit (with the TF32 baseline's own error as allowance): a timed path that differs from the judged one,
+    replays, or leaves work undone fails here."""
+    if len(kept) != len(exact):
+        return {"call": index, "relative_error": None, "why": "another number of outputs"}
+    for got, want, base in zip(kept, exact, baseline):
+        if got is None and want is None:  # neither has elements to compare (a zero-size output, say)
+            continue
+        if got is None or want is None or got.shape != want.shape:
+            return {"call": index, "relative_error": None, "why": "no tensor output"}
+        error = _sample_norm_error(got, want)
+        base_error = _sample_norm_error(base, want) if base is not None else 0.0
+        limit = timing.STALE_SAMPLING_FACTOR * max(norm_rtol, allowance * base_error)
+        gross = _projection_error(got, want)
+        if not (error <= limit and gross <= 3 * limit):
+            return {"call": index, "relative_error": error, "projection_error": gross, "limit": limit}
+    return None
+
+
+def _reference_projections(reference, inputs, secret, index, projector, reassert):
+    reassert()
+    flags = tf32_state()
+    set_tf32(matmul=False, cudnn=False)
+    set_seed(derive_seed(secret, "rng", index))
+    with torch.no_grad():
+        exact = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*clone_inputs(inputs))))]
+    assert_baseline_flags(flags)
+    set_seed(derive_seed(secret, "rng", index))
+    with torch.no_grad():
+        baseline = [None if v is None else v.cpu() for v in projector(flatten_outputs(reference(*inputs)))]
+    return exact, baseline
+
+
+def _sample_norm_error(got, want) -> float:
+    count = _Projector.COUNT
+    got_sample, want_sample = got[count + 1:], want[count + 1:]
+    norm = float(torch.linalg.vector_norm(want_sample))
+    diff = float(torch.linalg.vector_norm(got_sample - want_sample))
+    if not torch.isfinite(got_sample).all():
+        return float("inf")
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def _projection_error(got, want) -> float:
+    count = _Projector.COUNT
+    error = float(torch.sqrt(((got[:count] - want[:count]) ** 2).mean()))
+    return error / max(float(want[count]), 1e-30)
