@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import stats, timing_control, toolchain
+from kbverify import stats, timing_control, timing_modes, toolchain
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
@@ -62,6 +63,9 @@ class CheckOptions:
     measure_speed: bool = True
     build_cache: Path | None = None
     keep_workdirs: bool = False
+    hang_floor_s: float = hang_module.FLOOR_S  # a forward quiet for max(this, factor × reference call) is a timeout
+    hang_factor: float = hang_module.FACTOR  # (kbverify.hang; a floor of 0 leaves only --timeout)
+    timing_mode: str = "auto"  # "auto": kbverify.timing_modes decides; "hold" or "sync" ask for one (tests)
 
 
 @dataclass
@@ -74,6 +78,10 @@ class _Context:
     env: dict = field(default_factory=dict)
     worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
     isolation: dict = field(default_factory=dict)  # "isolated" / "degraded" → why, from every submission worker
+    reference_call_s: float | None = None  # the judge's longest set of reference work (no submission code ran there)
+
+    def hang(self, pace=None):
+        return hang_module.HangBudget(self.options.hang_floor_s, self.options.hang_factor, self.reference_call_s, pace)
 
 
 def default_build_cache() -> Path:
@@ -176,11 +184,14 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
     def marker(name):
         return lambda: _write_marker(os.path.join(outdir, name))
 
+    pace = hang_module.ReferencePace()  # the judge's phases: how long the reference's own work takes
     specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED), writable=(outdir,)),
+                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED), writable=(outdir,),
+                       hang=context.hang(pace)),
              ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED), writable=(outdir,))]
+                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED), writable=(outdir,), pace=pace)]
     outcomes = run_children(specs)
+    context.reference_call_s = pace.call_s
     for spec, outcome in zip(specs, outcomes):
         _note_child(context, spec.job, outcome)
     return [_unclaimed(outcome) for outcome in outcomes]
@@ -221,6 +232,9 @@ def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
     if outcome.timed_out:
         # the reference's own phases are never the candidate's fault, even in the candidate's worker
         status = Status.TIMEOUT if blamed else Status.UNVERIFIABLE
+        if outcome.stalled_s is not None:
+            return status, (f"no progress for {outcome.stalled_s:.0f} s during {where} (hang budget "
+                            f"{outcome.stall_allowance_s:.0f} s), ended after {outcome.wall_s:.0f} s")
         return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
     how = f"signal {outcome.signal}" if outcome.signal else f"exit code {outcome.exit_code}"
     detail = f"{party} process died during {where} ({how})"
@@ -641,7 +655,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
     margin = _noise_margin(context, clean, margin_cache)
     timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
-              "device": context.options.device}
+              "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), protocol)
 
 
@@ -650,7 +664,8 @@ def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, targ
     outcome, driven = timing_control.run(job, payload, timeout_s=context.options.timeout_s,
                                          device=context.options.device, env=context.env,
                                          keep_dir=context.options.keep_workdirs, budget_s=budget_s,
-                                         target_half_width=target, check=check)
+                                         target_half_width=target, check=check,
+                                         distributions=context.protocol.distributions, hang=context.hang())
     _note_child(context, job, outcome)
     return _unclaimed(outcome), driven
 
@@ -688,76 +703,85 @@ def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
 
 
 def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
-    """Speedup, CI, speed class and the timing guards, from the raw record alone."""
+    """Speedup, CI, speed class, the timing mode, both clocks and the timing guards, from the raw record alone."""
     record = verdict.timing["interleaved"]
     clean = verdict.timing.get("clean_reference")
     on_gpu = str(verdict.timing.get("device", "cpu")).startswith("cuda")
-    rounds = [(r["ref_ms"], r["cand_ms"]) for r in record.get("rounds", [])]
+    all_rounds = record.get("rounds", [])
+    rounds = timing_control.paired_rounds(all_rounds, "device")
     if not rounds:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
-    estimate = stats.paired_speedup(rounds)
+    choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
+    confirmed, seen = timing_control.device_time_confirmed(all_rounds)
+    clocks = timing_modes.clocks(all_rounds, confirmed=confirmed, cap=on_gpu)
     margin = float(verdict.timing.get("noise_margin", stats.DEFAULT_NOISE_MARGIN))
     warnings = list(verdict.warnings)
-    ref_ms = _median([t for r in rounds for t in r[0]])
-    cand_ms = _median([t for r in rounds for t in r[1]])
     status, message = verdict.status, verdict.message
-    if protocol.guards:
-        status, message, extra = _timing_guards(record, clean, on_gpu, ref_ms, cand_ms)
+    if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
+        status, message, extra = _timing_guards(record, clean, on_gpu, clocks["device"].ref_ms,
+                                                clocks["device"].cand_ms)
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
-    two_clocks, confirmed = _two_clocks(record.get("rounds", []), estimate)
-    slowed = False
     if not confirmed:
-        estimate = two_clocks["host"]["estimate"]
-        ref_ms, cand_ms = two_clocks["host"]["ref_ms"], two_clocks["host"]["cand_ms"]
         warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
-    elif protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate with a clean one
-        estimate, ref_ms, slowed = _against_clean_reference(
-            estimate, ref_ms, clean, REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE)
-        if slowed:
-            warnings.append(Warn.REFERENCE_SLOWED.value)
-    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(_instance_differences(rounds, clean, slowed)))
+    adjusted, slowed = {}, False
+    for name in ("device", "host"):
+        if name in clocks:
+            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed)
+            slowed = slowed or (was_slowed and name == choice.headline_kind)
+    if slowed:
+        warnings.append(Warn.REFERENCE_SLOWED.value)
+    used = choice.headline_kind if choice.headline_kind in adjusted else "device"
+    estimate, ref_ms, cand_ms = adjusted[used]
     if estimate.speedup > EXCESSIVE_SPEEDUP:
         warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
-    clocks = [r.get("sm_clock_mhz") for r in record.get("rounds", []) if r.get("sm_clock_mhz")]
-    if clocks and min(clocks) < 0.9 * max(clocks):
+    sm_clocks = [r.get("sm_clock_mhz") for r in all_rounds if r.get("sm_clock_mhz")]
+    if sm_clocks and min(sm_clocks) < 0.9 * max(sm_clocks):
         warnings.append(Warn.THROTTLED.value)
-    timing = {**verdict.timing, "clocks": {name: {key: value for key, value in clock.items() if key != "estimate"}
-                                           for name, clock in two_clocks.items()},
-              "clock_used": "device" if confirmed else "host"}
+    timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
+              "mode_evidence": choice.evidence, "clock_used": used if confirmed else "wall",
+              "device_time_confirmed": confirmed, "unexplained_ms": seen,
+              "clocks": {name: _clock_json(clock, adjusted.get(name)) for name, clock in clocks.items()}}
     return dataclasses.replace(
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
-def _two_clocks(rounds: list, device_estimate) -> tuple[dict, bool]:
-    """The device clock (the worker's events) and the host clock (the parent's own wall time per batch), and
-    whether the parent's clock confirms the worker's device times (kbverify.timing_control). Records made before
-    the parent kept its clock have the device clock alone, taken as it stands."""
-    clocks = {"device": {"speedup": device_estimate.speedup,
-                         "ci": [device_estimate.ci_low, device_estimate.ci_high], "estimate": device_estimate}}
-    wall = timing_control.wall_rounds(rounds)
-    if not wall:
-        return clocks, True
-    host = stats.paired_speedup(wall)
-    confirmed, seen = timing_control.device_time_confirmed(rounds)
-    clocks["host"] = {"speedup": host.speedup, "ci": [host.ci_low, host.ci_high], "estimate": host,
-                      "ref_ms": _median([t for r in wall for t in r[0]]),
-                      "cand_ms": _median([t for r in wall for t in r[1]])}
-    clocks["device"]["confirmed"] = confirmed
-    clocks["device"]["unexplained_ms"] = seen
-    return clocks, confirmed
+def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
+    """One clock's estimate as a verdict reports it: against the clean process's reference where the one beside
+    the candidate ran slower (never an inflated speedup), widened by what a rerun redraws. ((estimate, ref ms,
+    cand ms), whether the reference was slowed.)"""
+    estimate, ref_ms, slowed = clock.estimate, clock.ref_ms, False
+    kind = clock.kind
+    if confirmed and protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate
+        tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
+        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean, tolerance, kind)
+    paired = timing_control.paired_rounds(rounds, kind)
+    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(
+        _instance_differences(paired, clean, slowed, kind)))
+    return (estimate, ref_ms, clock.cand_ms), slowed
 
 
-def _instance_differences(rounds: list, clean: dict | None, slowed: bool) -> list[float]:
+def _clock_json(clock, adjusted) -> dict:
+    entry = clock.to_json()
+    if adjusted is not None:
+        estimate, ref_ms, cand_ms = adjusted
+        entry["raw"] = {"speedup": entry["speedup"], "ci": entry["ci"], "ref_ms": entry["ref_ms"]}
+        entry.update({"speedup": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high], "ref_ms": ref_ms,
+                      "cand_ms": cand_ms})
+    return entry
+
+
+def _instance_differences(rounds: list, clean: dict | None, slowed: bool, kind: str = "device") -> list[float]:
     """Log-differences between independent instances of the reference: the one timed beside the candidate
-    against the clean process's, and the clean process's two copies against each other. A reference slowed
-    beside the candidate is not an instance offset (the speedup is already taken against the clean time)."""
-    if not clean or not clean.get("rounds"):
+    against the clean process's, and the clean process's two copies against each other (batches of one kind). A
+    reference slowed beside the candidate is not an instance offset (the speedup is already taken against the
+    clean time)."""
+    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
+    if not clean_rounds or not rounds:
         return []
-    clean_rounds = [(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]]
     differences = [math.log(stats.paired_speedup(clean_rounds).speedup)]
     if not slowed:
         beside = _median([t for r in rounds for t in r[0]])
@@ -766,19 +790,20 @@ def _instance_differences(rounds: list, clean: dict | None, slowed: bool) -> lis
 
 
 def _against_clean_reference(estimate, ref_ms: float, clean: dict | None,
-                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE):
+                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE, kind: str = "device"):
     """The reference timed beside the candidate against the same reference timed in a process the candidate never
     touched. Where it ran slower beside the candidate (by sabotage, or by host-side effects that launch-bound
     references feel), the speedup is taken against the clean time, so a slowed baseline never inflates it."""
-    if not clean or not clean.get("rounds"):
+    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
+    if not clean_rounds:
         return estimate, ref_ms, False
-    clean_ms = _median([t for r in clean["rounds"] for t in r["ref_ms"]])
+    clean_ms = _median([t for ref, _ in clean_rounds for t in ref])
     if not clean_ms > 0 or ref_ms / clean_ms <= tolerance:
         return estimate, ref_ms, False
     scale = clean_ms / ref_ms
     # The clean time has its own uncertainty (its A/A interval against an identical copy): each side of the
     # interval widens by it, added to the paired interval's on the log scale.
-    aa = stats.paired_speedup([(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]])
+    aa = stats.paired_speedup(clean_rounds)
     extra = math.log(aa.ci_high / aa.ci_low) / 2 if aa.ci_low > 0 else 0.0
     center = estimate.speedup * scale
 

@@ -126,6 +126,8 @@ class ChildOutcome:
     trusted_phase: str = ""  # the last phase announced before any candidate phase
     signal: int | None = None  # the signal that killed the job, as the supervisor's waitpid saw it
     sandbox_failed: str = ""  # the sandbox was asked for and could not start: ours, never the candidate's
+    stalled_s: float | None = None  # killed for no progress: how long it had said nothing (kbverify.hang)
+    stall_allowance_s: float | None = None  # and the budget it had then
 
     def timeline(self) -> str:
         """Where the wall time went, for logs: `start 4.10 s, job 2.10 s: worker:start 0.31, reference:load 0.90, …`."""
@@ -156,6 +158,8 @@ class ChildSpec:
     on_exit: object = None  # called with no arguments as soon as this child has ended, however it ended
     writable: tuple = ()  # host folders the job may write besides its scratch (a confined job sees the rest read-only)
     conversation: object = None  # called as conversation(child) once the child runs: sends commands, reads replies
+    hang: object = None  # a kbverify.hang.HangBudget: no progress for longer in a forward phase is a timeout
+    pace: object = None  # a kbverify.hang.ReferencePace this child's phases inform (a judge's: no submission code)
 
 
 def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
@@ -229,6 +233,9 @@ class _Running:
         self.outcome: ChildOutcome | None = None
         self.messages = _Messages(channel.runs_submission(spec.job, spec.payload))
         self.closed = False
+        self.last_progress = time.monotonic()  # the job's last message, on this process's clock
+        self.stalled_s: float | None = None
+        self.stall_allowance_s: float | None = None
 
     def send(self, command: dict) -> None:
         """A command to the job (kbverify.child.worker.receive_command reads it)."""
@@ -241,11 +248,34 @@ class _Running:
         self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
         try:
             while self.channel.poll(timeout_s):
-                self.messages.take(self.channel.recv_bytes())
+                if self.messages.take(self.channel.recv_bytes()):
+                    self.last_progress = now = time.monotonic()
+                    if self.spec.pace is not None and not self.messages.ran_submission:
+                        self.spec.pace.observe(self.messages.last_phase, now)
                 timeout_s = 0
         except (EOFError, OSError):
             self.closed = True
         return not self.closed
+
+    def stalled(self, now: float | None = None) -> bool:
+        """No progress for longer than the hang budget allows, in a phase where submission code runs forwards
+        (kbverify.hang). Judged on this process's clock; the child's word is only that it sent something."""
+        hang = self.spec.hang
+        if hang is None or not self.messages.ran_submission or self.outcome is not None:
+            return False
+        now = time.monotonic() if now is None else now
+        quiet = now - self.last_progress
+        if not hang.stalled(self.messages.last_phase, quiet, now):
+            return False
+        if self.stalled_s is None:
+            self.stalled_s, self.stall_allowance_s = quiet, hang.allowance_s(now)
+        return True
+
+    def stall_text(self) -> str:
+        if self.stalled_s is None:
+            return ""
+        return (f"no progress for {self.stalled_s:.0f} s during {self.messages.last_phase} (hang budget "
+                f"{self.stall_allowance_s:.0f} s = {self.spec.hang.describe()})")
 
     def poll(self) -> bool:
         """True once the child has ended (and its outcome is collected)."""
@@ -254,7 +284,7 @@ class _Running:
         self.read(0)
         self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
         if self.process.is_alive():
-            if time.monotonic() - self.started <= self.spec.timeout_s:
+            if time.monotonic() - self.started <= self.spec.timeout_s and not self.stalled():
                 return False
             self.timed_out = True
         else:
@@ -277,7 +307,8 @@ class _Running:
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = self.messages.outcome(
             timed_out=self.timed_out, output_head=self.head.decode(errors="replace"), output_tail=tail,
-            output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s, device=self.spec.device)
+            output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s, device=self.spec.device,
+            stalled_s=self.stalled_s, stall_allowance_s=self.stall_allowance_s)
         self.channel.close()
         self._remove_dirs(keep_workdir=self.spec.keep_dir)
         if callable(self.spec.on_exit):
@@ -305,7 +336,8 @@ class _Messages:
         self.exit: dict | None = None
         self.replies: list[dict] = []
 
-    def take(self, data: bytes) -> None:
+    def take(self, data: bytes) -> bool:
+        """Take in one message; True when it was the job's (progress, for the hang budget)."""
         tag, body = data[:1], data[1:]
         if tag == supervisor.SUPERVISOR_TAG:
             message = json.loads(body)
@@ -314,10 +346,10 @@ class _Messages:
                 self.job_pid = message.get("job_pid")
             elif message.get("kind") == channel.EXIT:
                 self.exit = message
-            return
+            return False
         message = channel.decode(body) if tag == supervisor.JOB_TAG else None
         if message is None or self.exit is not None:
-            return
+            return False
         if message["kind"] == channel.PHASE and isinstance(message.get("phase"), str):
             self.last_phase = message["phase"][:200]
             if self.last_phase.startswith("candidate"):
@@ -328,6 +360,7 @@ class _Messages:
             self.result = message["result"]
         elif message["kind"] == channel.REPLY:
             self.replies.append(message)
+        return True
 
     def outcome(self, *, timed_out: bool, device: str, **fields) -> ChildOutcome:
         exit_code = (self.exit or {}).get("code")

@@ -65,6 +65,25 @@ def paired_speedup(rounds: Sequence[Round], confidence: float = 0.95) -> Speedup
     return speedup_from_log_ratios(round_log_ratios(rounds), confidence)
 
 
+def cap_side_medians(rounds: Sequence[Round], ref_ceiling_ms: float | None,
+                     cand_ceiling_ms: float | None) -> tuple[list[Round], dict]:
+    """The rounds with each side's samples scaled down, where their median is above that side's ceiling, so that
+    the median is the ceiling (SPEC §5: no device time above the same side's host-inclusive time). Scaling keeps
+    the samples' spread, so the interval keeps its width; a side at or under its ceiling is left as it is, and a
+    missing or non-finite ceiling caps nothing. Returns (rounds, {side: factor}) for the sides that were capped."""
+    factors = {}
+    for index, (side, ceiling) in enumerate((("ref", ref_ceiling_ms), ("cand", cand_ceiling_ms))):
+        samples = [t for r in rounds for t in r[index]]
+        if not samples or ceiling is None or not math.isfinite(ceiling) or ceiling <= 0:
+            continue
+        median = median_ms(samples)
+        if median > ceiling:
+            factors[side] = ceiling / median
+    ref_factor, cand_factor = factors.get("ref", 1.0), factors.get("cand", 1.0)
+    capped = [([t * ref_factor for t in ref], [t * cand_factor for t in cand]) for ref, cand in rounds]
+    return capped, factors
+
+
 def round_log_ratios(rounds: Sequence[Round]) -> np.ndarray:
     """`round_log_ratio` of every round, vectorised when all blocks have one length (the usual case)."""
     try:

@@ -74,23 +74,41 @@ class Driven:
     serve_s: float = 0.0
 
 
+KINDS = ("device", "host")  # behind the device-side hold; without it, each call synchronised (two clocks, SPEC §5)
+
+
+def side_key(side: str, kind: str, suffix: str = "ms") -> str:
+    """Where a round keeps one side's times of one kind: `ref_ms` and `ref_wall_ms` for the device kind (as rounds
+    were kept before there were two kinds), `ref_host_ms` and `ref_host_wall_ms` for the host kind."""
+    return f"{side}_{suffix}" if kind == "device" else f"{side}_host_{suffix}"
+
+
 def drive(child, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
-          max_rounds: int = MAX_ROUNDS, check: bool = True) -> Driven:
+          max_rounds: int = MAX_ROUNDS, check: bool = True, distributions=("x1",), kinds=KINDS) -> Driven:
     """Command the rounds of one timing worker (`child` a kbverify.sandbox running child). Stops on the stopping
-    rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake."""
+    rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake.
+
+    Every round has one batch per side and kind, in an order drawn here; every call of a round draws the round's
+    distribution (the correctness sets' own, in turn from a random start), so both sides of a round are timed on
+    like values and no timed call can be told from a checked one by its values."""
     rng = random.Random(int.from_bytes(os.urandom(16), "little"))
     driven = Driven()
     if _reply(child, "ready", deadline) is None:
-        driven.stopped = "the worker never became ready to time"
+        driven.stopped = _silence(child, "the worker never became ready to time")
         return driven
     reservoir, calls = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}
+    distributions = tuple(distributions) or ("x1",)
+    first_distribution = rng.randrange(len(distributions))
     started = time.monotonic()
     while len(driven.rounds) < max_rounds:
-        order = ["ref", "cand"] if rng.random() < 0.5 else ["cand", "ref"]
-        entry = {"order": order}
+        batches = [(kind, side) for kind in _shuffled(kinds, rng) for side in _shuffled(("ref", "cand"), rng)]
+        distribution = distributions[(first_distribution + len(driven.rounds)) % len(distributions)]
+        entry = {"order": [side for kind, side in batches if kind == kinds[0]], "batches": batches,
+                 "distribution": distribution}
         try:
-            for side in order:
-                _batch(child, side, rng, entry, calls, reservoir if check and side == "cand" else None, deadline)
+            for kind, side in batches:
+                _batch(child, side, kind, distribution, rng, entry, calls,
+                       reservoir if check and side == "cand" else None, deadline)
         except TimingForged as error:
             driven.forged = str(error)
             break
@@ -99,24 +117,35 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
             break
         driven.rounds.append(entry)
         deciding = time.monotonic()
-        pairs = [(r["ref_ms"], r["cand_ms"]) for r in driven.rounds]
         elapsed = deciding - started
-        stop = stats.should_stop(pairs, elapsed_s=elapsed, budget_s=budget_s, target_half_width=target_half_width,
-                                 min_rounds=min_rounds) or no_time_for_another_round(elapsed, len(driven.rounds),
-                                                                                     budget_s)
+        stop = all(stats.should_stop(paired_rounds(driven.rounds, kind), elapsed_s=elapsed, budget_s=budget_s,
+                                     target_half_width=target_half_width, min_rounds=min_rounds)
+                   for kind in kinds) or no_time_for_another_round(elapsed, len(driven.rounds), budget_s)
         entry["between_ms"] = (time.monotonic() - deciding) * 1e3  # this process's own work between rounds
         if stop:
             break
     last = calls.get("last_cand")
     if check and last is not None and not driven.forged:
         try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
-            _reveal(child, last[0], last[1], last[2], reservoir, deadline, everything=True)
+            _reveal(child, last[0], last[1], last[2], reservoir, deadline, everything=True, distribution=last[3])
         except (TimingForged, TimeoutError) as error:
             driven.forged = driven.forged or str(error)
     _send(child, {"op": "end"})
     driven.serve_s = time.monotonic() - started
     driven.checks = [{"call": index, **entry} for index, entry in sorted(reservoir.kept.items())]
     return driven
+
+
+def _shuffled(items, rng: random.Random) -> list:
+    items = list(items)
+    rng.shuffle(items)
+    return items
+
+
+def paired_rounds(rounds: list, kind: str = "device") -> list:
+    """(reference times, candidate times) of one kind, per round that has both."""
+    ref, cand = side_key("ref", kind), side_key("cand", kind)
+    return [(r[ref], r[cand]) for r in rounds if r.get(ref) and r.get(cand)]
 
 
 def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: float) -> bool:
@@ -126,7 +155,8 @@ def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: floa
 
 
 def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
-        keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True):
+        keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True,
+        distributions=("x1",), hang=None):
     """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
     from kbverify.sandbox import ChildSpec, run_children
 
@@ -134,42 +164,46 @@ def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | N
 
     def converse(child) -> None:
         holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
-                                 deadline=child.started + timeout_s, check=check)
+                                 deadline=child.started + timeout_s, check=check, distributions=distributions)
 
-    outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse)])[0]
+    outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse,
+                                      hang=hang)])[0]
     return outcome, holder.get("driven") or Driven(stopped="never driven")
 
 
-def _batch(child, side: str, rng: random.Random, entry: dict, calls: dict, reservoir, deadline: float) -> None:
+def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict, reservoir,
+           deadline: float) -> None:
     seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
     first = calls[side]
     sent = time.monotonic()
-    _send(child, {"op": "batch", "side": side, "seeds": seeds})
+    _send(child, {"op": "batch", "side": side, "kind": kind, "seeds": seeds,
+                  "distributions": [distribution] * len(seeds)})
     reply = _reply(child, "batch", deadline)
     wall_ms = (time.monotonic() - sent) * 1e3
     if reply is None:
-        raise TimeoutError(f"the worker stopped answering during the {side} batch")
+        raise TimeoutError(_silence(child, f"the worker stopped answering during the {side} batch"))
     times = reply.get("times_ms")
     if (not isinstance(times, list) or len(times) != len(seeds) or reply.get("side") != side
+            or reply.get("batch_kind", "device") != kind
             or not all(_finite_positive(t) for t in times) or reply.get("first_call") != first):
         raise TimingForged(f"the {side} batch's reply is not one the harness sends: {str(reply)[:200]}")
     if sum(times) > wall_ms + REPLY_SLACK_MS:
         raise TimingForged(f"the {side} batch claimed {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of the "
                            "parent's own clock")
     calls[side] += len(seeds)
-    entry[f"{side}_ms"] = [float(t) for t in times]
-    entry[f"{side}_wall_ms"] = wall_ms
+    entry[side_key(side, kind)] = [float(t) for t in times]
+    entry[side_key(side, kind, "wall_ms")] = wall_ms
     if isinstance(reply.get("sm_clock_mhz"), (int, float)):
         entry["sm_clock_mhz"] = reply["sm_clock_mhz"]
     if reservoir is not None:
-        calls["last_cand"] = (reply, first, seeds)
+        calls["last_cand"] = (reply, first, seeds, distribution)
         revealing = time.monotonic()
-        _reveal(child, reply, first, seeds, reservoir, deadline)
-        entry["reveal_ms"] = (time.monotonic() - revealing) * 1e3
+        _reveal(child, reply, first, seeds, reservoir, deadline, distribution=distribution)
+        entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
 
 
 def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, deadline: float, *,
-            everything: bool = False) -> None:
+            everything: bool = False, distribution: str = "x1") -> None:
     """Ask for the batch's calls the reservoir takes (all of them: `everything`) and check each against the
     commitment the worker made before it knew."""
     commits = reply.get("commits") if isinstance(reply.get("commits"), dict) else {}
@@ -179,6 +213,8 @@ def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, d
         return
     _send(child, {"op": "reveal", "calls": wanted})
     revealed = _reply(child, "reveal", deadline)
+    if revealed is None and _stalled(child):
+        raise TimeoutError(_silence(child, "the worker stopped answering while revealing its outputs"))
     shown = (revealed or {}).get("calls") if isinstance((revealed or {}).get("calls"), dict) else {}
     for index in wanted:
         entry = shown.get(str(index))
@@ -186,7 +222,7 @@ def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, d
             raise TimingForged(f"timed call {index}'s output was not the one the worker committed to")
         if not _well_formed(entry):
             raise TimingForged(f"timed call {index}'s revealed projections are not ones the harness sends")
-        kept = {"seed": seeds[index - first], "projections": entry.get("projections"),
+        kept = {"seed": seeds[index - first], "distribution": distribution, "projections": entry.get("projections"),
                 "signature": entry.get("signature")}
         (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
 
@@ -231,14 +267,27 @@ def _send(child, command: dict) -> None:
 
 
 def _reply(child, op: str, deadline: float) -> dict | None:
-    """The next reply of this kind; None if the worker closed its channel or the deadline passed."""
+    """The next reply of this kind; None if the worker closed its channel, the deadline passed, or the worker made
+    no progress for longer than its hang budget allows (kbverify.hang: the parent's own clock)."""
     while True:
         for index, message in enumerate(child.messages.replies):
             if message.get("op") == op:
                 return child.messages.replies.pop(index)
         left = deadline - time.monotonic()
-        if left <= 0 or not child.read(min(left, 1.0)) and not child.messages.replies:
+        if left <= 0 or _stalled(child) or not child.read(min(left, 1.0)) and not child.messages.replies:
             return None
+
+
+def _stalled(child) -> bool:
+    stalled = getattr(child, "stalled", None)
+    return bool(stalled()) if callable(stalled) else False
+
+
+def _silence(child, what: str) -> str:
+    """Why the worker's answer never came, in words; a worker that stalled past its hang budget says so."""
+    if _stalled(child):
+        return f"{what}: {child.stall_text()}"
+    return what
 
 
 def _finite_positive(value) -> bool:
@@ -246,12 +295,17 @@ def _finite_positive(value) -> bool:
 
 
 def unexplained_ms(rounds: list) -> dict:
-    """Per call and side: the parent's wall time its own times leave unaccounted for, over all rounds."""
+    """Per call and side: the parent's wall time its own times leave unaccounted for, over all rounds and both
+    kinds of batch."""
     out = {}
     for side in ("ref", "cand"):
-        calls = sum(len(r.get(f"{side}_ms", ())) for r in rounds)
-        wall = sum(r.get(f"{side}_wall_ms", 0.0) for r in rounds)
-        timed = sum(sum(r.get(f"{side}_ms", ())) for r in rounds)
+        calls = wall = timed = 0.0
+        for r in rounds:
+            for kind in KINDS:
+                times = r.get(side_key(side, kind), ())
+                calls += len(times)
+                wall += r.get(side_key(side, kind, "wall_ms"), 0.0)
+                timed += sum(times)
         out[side] = (wall - timed) / calls if calls else None
     return out
 
@@ -267,11 +321,11 @@ def device_time_confirmed(rounds: list) -> tuple[bool, dict]:
     its speedup could then be inflated by more than that fraction. The test is on the median of paired rounds, so the harness's own jitter, however large next to
     a microsecond kernel, averages out instead of widening the allowance."""
     differences = sorted(_unexplained(r, "cand") - _unexplained(r, "ref") for r in rounds
-                         if r.get("ref_ms") and r.get("cand_ms") and "ref_wall_ms" in r and "cand_wall_ms" in r)
+                         if _unexplained(r, "cand") is not None and _unexplained(r, "ref") is not None)
     seen = {**unexplained_ms(rounds), "rounds": len(differences)}
     if len(differences) < 2:
         return True, seen  # too little to tell; with few rounds the bound below is their minimum
-    claimed = sorted(t for r in rounds for t in r.get("cand_ms", ()))
+    claimed = sorted(t for r in rounds for kind in KINDS for t in r.get(side_key("cand", kind), ()))
     threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2])
     n = len(differences)
     median = differences[n // 2]
@@ -289,13 +343,21 @@ def _median_lower_bound(ordered: list, z: float) -> float:
     return ordered[max(0, int(n / 2 - z * math.sqrt(n) / 2) - 1)]
 
 
-def _unexplained(round_record: dict, side: str) -> float:
-    times = round_record[f"{side}_ms"]
-    return (round_record[f"{side}_wall_ms"] - sum(times)) / len(times)
+def _unexplained(round_record: dict, side: str) -> float | None:
+    """One round's unexplained time per call of one side, over the kinds of batch it holds (the hold's length
+    is in the device kind's, the same for both sides, so it cancels in the difference)."""
+    calls = unexplained = 0.0
+    for kind in KINDS:
+        times, wall = round_record.get(side_key(side, kind)), round_record.get(side_key(side, kind, "wall_ms"))
+        if times and wall is not None:
+            calls += len(times)
+            unexplained += wall - sum(times)
+    return unexplained / calls if calls else None
 
 
-def wall_rounds(rounds: list) -> list:
-    """The rounds as the parent's clock saw them: per-call wall time of each side's batch (host-inclusive)."""
-    return [([r["ref_wall_ms"] / len(r["ref_ms"])] * len(r["ref_ms"]),
-             [r["cand_wall_ms"] / len(r["cand_ms"])] * len(r["cand_ms"])) for r in rounds
-            if r.get("ref_ms") and r.get("cand_ms") and "ref_wall_ms" in r and "cand_wall_ms" in r]
+def wall_rounds(rounds: list, kind: str = "device") -> list:
+    """The rounds as the parent's clock saw them: per-call wall time of each side's batch of one kind."""
+    ref, cand = side_key("ref", kind), side_key("cand", kind)
+    ref_wall, cand_wall = side_key("ref", kind, "wall_ms"), side_key("cand", kind, "wall_ms")
+    return [([r[ref_wall] / len(r[ref])] * len(r[ref]), [r[cand_wall] / len(r[cand])] * len(r[cand]))
+            for r in rounds if r.get(ref) and r.get(cand) and ref_wall in r and cand_wall in r]

@@ -576,6 +576,8 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
             entry["baseline_vs_fp64"] = summarize(truth, baseline)
         set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
         del baseline
+    # the set's reference work is done: the parent reads the reference's pace from these phases (kbverify.hang)
+    announce(f"judge:compare:{input_set['set_id']}")
     try:
         candidate = take_output(outdir, input_set["set_id"], device)
         if candidate is not None:

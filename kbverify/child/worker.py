@@ -117,7 +117,11 @@ def announce(phase: str) -> None:
     # Only the party stays in this process (the submission can read it); the phase itself goes to the parent.
     _LAST_PHASE[0] = phase.split(":")[0]
     _PHASE_KIND[0] = phase_kind(phase)
+    _PHASE_NOW[0] = phase
     send({"kind": channel.PHASE, "phase": phase})
+
+
+_PHASE_NOW = [""]  # the whole phase, to announce again after a build inside it
 
 
 def last_phase() -> str:
@@ -409,6 +413,12 @@ class ExtensionWatch:
                     # The same sources and flags failed before: fail the same way without rerunning the compiler.
                     watch.errors.append(message)
                     raise RuntimeError(message)
+            during = _PHASE_NOW[0]
+            # a build inside a forward (a JIT extension) keeps the build's bound, not a forward's hang budget
+            # (kbverify.hang): say so, and say the forward's phase again once it is done
+            building = during.startswith("candidate") and not during.startswith("candidate:build")
+            if building:
+                announce("candidate:build:inline")
             try:
                 with _sole_builder(kwargs.get("build_directory")):
                     module = original(*args, **kwargs)
@@ -423,6 +433,8 @@ class ExtensionWatch:
                 raise
             finally:
                 watch.build_s += time.monotonic() - started
+                if building:
+                    announce(during)
             watch.built += 1
             return watch._count_calls(module)
 

@@ -1,0 +1,91 @@
+"""The hang budget (SPEC §5): a forward that makes no progress for max(FLOOR_S, FACTOR × the reference's own call
+time) is a `timeout`, however long the outer `--timeout` is.
+
+LLM-written kernels hang often (a `__syncthreads` in a branch, an index that never advances), and a hang used to
+cost the whole per-worker timeout (600 s for `check`, 900 s for `rescore`). Progress is what the parent sees:
+every message a job sends (its phases, its batch replies). The parent's own clock enforces the budget
+(kbverify.sandbox), never the child: the child runs submission code, and a hung forward cannot report anything.
+
+Only phases in which submission code runs forwards are held to it. Loading the submission, constructing
+`ModelNew` and native builds (`candidate:build…`, a JIT build announced by the extension watch) keep their own
+bounds: a compile takes minutes and says nothing while it runs. A submission can announce phases as it likes, so
+it can dodge the budget that way; that buys it only the outer `--timeout`, which is a cost, never a verdict.
+
+Defaults: FLOOR_S = 20 s, FACTOR = 50. A millisecond task's hang then ends 20 s after its last message (its
+forward starting), well within the minute the issue asks for; a reference whose call takes 2 s gives a slow but
+honest kernel 100 s per forward. The factor covers a candidate up to ~15× slower than the reference per call in
+a timing batch of three calls, plus the first call's one-time costs (the reference's estimate includes its own).
+The reference's call time comes only from a process that ran no submission code: the judge beside the candidate
+(kbverify.child.evaluate announces `judge:<set>` when it starts a set's reference work and `judge:compare:<set>`
+when that work is done), or a run of it measured earlier in the same check. Its estimate also holds the float64
+and TF32 runs of the set, so it errs long.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+FLOOR_S = 20.0
+FACTOR = 50.0
+
+# Phases in which submission code runs forwards (the verified pipeline's workers).
+FORWARD_PHASES = ("candidate:run", "candidate:warmup", "candidate:timing", "timing:warmup", "timing:rounds",
+                  "timing:reference")
+# Phases that keep their own bound even inside a forward phase's job: builds and loading.
+EXEMPT_PHASES = ("candidate:build", "candidate:load", "candidate:construct", "reference:load")
+
+
+def in_forward(phase: str) -> bool:
+    return phase.startswith(FORWARD_PHASES) and not phase.startswith(EXEMPT_PHASES)
+
+
+@dataclass
+class ReferencePace:
+    """What a process without submission code shows of the reference's speed as it runs: the longest span of one
+    set's reference work seen so far, and when the span now under way began (None when none is)."""
+
+    call_s: float | None = None
+    running_since: float | None = None
+    spans_s: list = field(default_factory=list)
+
+    def observe(self, phase: str, now: float) -> None:
+        if phase.startswith("judge:compare:"):
+            if self.running_since is not None:
+                span = now - self.running_since
+                self.spans_s.append(span)
+                self.call_s = max(self.call_s or 0.0, span)
+            self.running_since = None
+        elif phase.startswith("judge:") and phase != "judge:load":
+            self.running_since = now
+
+    def estimate_s(self, now: float) -> float:
+        """The reference's call time as far as it is known: a span still under way counts as long as it has run
+        (a candidate waiting for the judge to take its output is not hung)."""
+        running = now - self.running_since if self.running_since is not None else 0.0
+        return max(self.call_s or 0.0, running)
+
+
+@dataclass(frozen=True)
+class HangBudget:
+    floor_s: float = FLOOR_S
+    factor: float = FACTOR
+    reference_call_s: float | None = None  # known before the worker starts (an earlier trusted process's)
+    pace: ReferencePace | None = None  # learnt while the worker runs (the judge beside it)
+
+    def allowance_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        known = max(self.reference_call_s or 0.0, self.pace.estimate_s(now) if self.pace is not None else 0.0)
+        return max(self.floor_s, self.factor * known)
+
+    def stalled(self, phase: str, quiet_s: float, now: float | None = None) -> bool:
+        """Whether a job whose last phase is `phase` and that has said nothing for `quiet_s` is hung."""
+        if self.floor_s <= 0 or not in_forward(phase):
+            return False
+        return quiet_s > self.allowance_s(now)
+
+    def describe(self, now: float | None = None) -> str:
+        known = self.reference_call_s or (self.pace.estimate_s(time.monotonic() if now is None else now)
+                                          if self.pace is not None else None)
+        pace = f"{self.factor:g} × the reference's {known:.3g} s call" if known else "no reference call time yet"
+        return f"max({self.floor_s:g} s, {pace})"
