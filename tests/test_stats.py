@@ -352,3 +352,43 @@ def test_widened_intervals_cover_the_truth_when_instances_carry_offsets(sigma_in
     widened = np.mean([wide.ci_low <= truth <= wide.ci_high for _, wide in runs])
     assert paired < 0.8  # the paired interval alone misses most of the offset
     assert 0.94 <= widened <= 0.99  # honest, and not wider than it needs to be
+
+
+# --- capping a side's device time at its own host-inclusive time (SPEC §5, two clocks) ----------------------
+
+ceilings = st.one_of(st.none(), times)
+
+
+@no_deadline
+@given(rounds_strategy, ceilings, ceilings)
+def test_capped_medians_never_exceed_their_ceiling_and_keep_the_spread(rounds, ref_ceiling, cand_ceiling):
+    capped, factors = stats.cap_side_medians(rounds, ref_ceiling, cand_ceiling)
+    assert len(capped) == len(rounds)
+    for index, (side, ceiling) in enumerate((("ref", ref_ceiling), ("cand", cand_ceiling))):
+        before = [t for r in rounds for t in r[index]]
+        after = [t for r in capped for t in r[index]]
+        if ceiling is not None:
+            assert stats.median_ms(after) <= ceiling * (1 + 1e-9)
+        if side in factors:
+            assert 0 < factors[side] < 1
+            # one factor for every sample of the side: ratios between samples (the spread) are unchanged
+            assert all(math.isclose(a / b, factors[side], rel_tol=1e-9) for a, b in zip(after, before))
+        else:
+            assert after == before  # at or under its ceiling (or none): untouched
+
+
+@no_deadline
+@given(rounds_strategy, times)
+def test_capping_the_candidate_raises_the_speedup_by_no_more_than_its_factor(rounds, ceiling):
+    capped, factors = stats.cap_side_medians(rounds, None, ceiling)
+    before, after = stats.paired_speedup(rounds), stats.paired_speedup(capped)
+    factor = factors.get("cand", 1.0)
+    assert math.isclose(after.speedup, before.speedup / factor, rel_tol=1e-9)
+    assert after.speedup >= before.speedup * (1 - 1e-12)
+
+
+def test_capping_needs_a_finite_positive_ceiling():
+    rounds = [([2.0, 2.0], [1.0, 1.0])]
+    for ceiling in (None, float("nan"), float("inf"), 0.0, -1.0):
+        assert stats.cap_side_medians(rounds, ceiling, ceiling) == ([([2.0, 2.0], [1.0, 1.0])], {})
+    assert stats.cap_side_medians(rounds, 1.0, None)[1] == {"ref": 0.5}

@@ -1,0 +1,207 @@
+"""The timing mode and the two clocks, decided from raw records alone (no GPU needed; kbverify.timing_modes).
+
+A forward that waits on the device inside its call is detected (the hold probe, or a device time above its own
+host-kind time) and then both sides are timed without the hold; every verdict carries both clocks; no verdict
+reports a side's device time above its own host-inclusive time; and claiming to block gains a candidate nothing
+on either clock's table.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kbverify import timing_modes
+from kbverify.protocols import VERIFIED
+from kbverify.records import Verdict
+from kbverify.runner import decide_timing
+from kbverify.status import Status
+
+HARNESS_MS = 0.3  # per call, what the parent's clock sees beyond the worker's times (both sides alike)
+HOLD_MS = 0.5
+
+
+def _times(ms: float, rng: random.Random, n: int = 3) -> list[float]:
+    return [ms * (1 + rng.uniform(-0.01, 0.01)) for _ in range(n)]
+
+
+def _rounds(ref: tuple, cand: tuple, n: int = 40, seed: int = 0, host_kind: bool = True) -> list[dict]:
+    """`ref` and `cand` = (device-kind ms, host-kind ms) per call."""
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(n):
+        entry = {}
+        for side, (device_ms, host_ms) in (("ref", ref), ("cand", cand)):
+            entry[f"{side}_ms"] = _times(device_ms, rng)
+            entry[f"{side}_wall_ms"] = sum(entry[f"{side}_ms"]) + 3 * (HARNESS_MS + HOLD_MS)
+            if host_kind:
+                entry[f"{side}_host_ms"] = _times(host_ms, rng)
+                entry[f"{side}_host_wall_ms"] = sum(entry[f"{side}_host_ms"]) + 3 * HARNESS_MS
+        rounds.append(entry)
+    return rounds
+
+
+def _probe(blocked: bool, host_ms: float = 0.2) -> list:
+    """Warm-up pairs [hold ms, host ms], long and short holds in turn, the first call's one-time cost included."""
+    pairs = [[20.0, 25.0]]
+    for hold in (5.0, 20.0, 5.0, 20.0):
+        pairs.append([hold, hold + 0.1 if blocked else host_ms])
+    return pairs
+
+
+def _verdict(rounds, *, probe=None, clean=None, device="cuda:0", requested="auto") -> Verdict:
+    interleaved = {"rounds": rounds, "stale": {"checked": 30},
+                   "settle_gaps_ms": {"ref": [0.01] * 30, "cand": [0.01] * 30},
+                   "hold_probe": probe or {"ref": _probe(False), "cand": _probe(False)}}
+    return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
+                   protocol="verified", protocol_sha256="0", status=Status.PASSED,
+                   timing={"interleaved": interleaved, "clean_reference": clean, "noise_margin": 0.02,
+                           "device": device, "mode_requested": requested})
+
+
+def _clean(ref: tuple, blocked: bool = False) -> dict:
+    return {"rounds": _rounds(ref, ref, seed=7), "hold_probe": {"ref": _probe(blocked), "cand": _probe(blocked)}}
+
+
+# ---- the evidence ------------------------------------------------------------------------------------------
+
+def test_the_probe_tells_a_forward_that_waits_from_one_whose_host_work_is_long():
+    assert timing_modes.probe_blocked(_probe(True)) is True
+    assert timing_modes.probe_blocked(_probe(False)) is False
+    # 8 ms of launches: outlasts the short hold, not the long one, and does not grow with the hold
+    long_host_work = [[20.0, 9.0]] + [[hold, 8.0] for hold in (5.0, 20.0, 5.0, 20.0)]
+    assert timing_modes.probe_blocked(long_host_work) is False
+    assert timing_modes.probe_blocked([[20.0, 0.2], [20.0, 0.2], [20.0, 0.2]]) is None  # one length: no evidence
+    assert timing_modes.probe_blocked(None) is None
+
+
+def test_a_device_time_above_its_own_host_time_is_blocked_evidence():
+    blocked = _rounds(ref=(0.10, 0.112), cand=(0.446, 0.074))  # the GEMM epilogue the issue measured
+    assert timing_modes.clock_blocked(blocked, "cand") is True
+    assert timing_modes.clock_blocked(blocked, "ref") is False
+    # a large kernel whose host time adds little: within the margin, not blocked
+    assert timing_modes.clock_blocked(_rounds(ref=(10.0, 10.01), cand=(5.0, 5.01)), "cand") is False
+    assert timing_modes.clock_blocked(_rounds((0.1, 0.1), (0.1, 0.1), host_kind=False), "cand") is None
+
+
+# ---- the mode ------------------------------------------------------------------------------------------------
+
+def test_a_blocked_candidate_puts_both_sides_on_the_host_clock():
+    verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.112), cand=(0.446, 0.074))), VERIFIED)
+    assert verdict.status is Status.PASSED
+    timing = verdict.timing
+    assert timing["mode"] == "sync" and "cand:clock" in timing["blocked"], timing["mode_reason"]
+    assert "without the hold" in timing["mode_reason"]
+    assert timing["clock_used"] == "host"
+    assert verdict.speedup == pytest.approx(0.112 / 0.074, rel=0.03)  # KernelBench's host-inclusive 1.51x
+    assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]
+    # the device clock is there too, its blocked side capped at its own host-inclusive time: 0.10/0.074, not 0.22
+    device = timing["clocks"]["device"]
+    assert device["capped"].keys() == {"cand"}
+    assert device["speedup"] == pytest.approx(0.10 / 0.074, rel=0.03)
+
+
+def test_a_forward_the_probe_finds_waiting_is_timed_in_sync_mode():
+    probe = {"ref": _probe(False), "cand": _probe(True)}
+    verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.12), cand=(0.06, 0.09)), probe=probe), VERIFIED)
+    assert verdict.timing["mode"] == "sync" and verdict.timing["blocked"] == ["cand:probe"]
+    assert verdict.speedup == pytest.approx(0.12 / 0.09, rel=0.03)
+
+
+def test_a_reference_that_blocks_in_the_clean_process_blocks():
+    clean = _clean((0.10, 0.12), blocked=True)
+    verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.12), cand=(0.05, 0.07)), clean=clean), VERIFIED)
+    assert verdict.timing["mode"] == "sync" and "clean_ref:probe" in verdict.timing["blocked"]
+
+
+def test_no_forward_that_waits_keeps_the_device_clock():
+    verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.13), cand=(0.05, 0.08)), clean=_clean((0.10, 0.13))),
+                            VERIFIED)
+    timing = verdict.timing
+    assert timing["mode"] == "hold" and timing["blocked"] == [] and timing["clock_used"] == "device"
+    assert verdict.speedup == pytest.approx(2.0, rel=0.03)
+    assert timing["clocks"]["host"]["speedup"] == pytest.approx(0.13 / 0.08, rel=0.03)  # both clocks, with CIs
+    for name in ("device", "host"):
+        low, high = timing["clocks"][name]["ci"]
+        assert low <= timing["clocks"][name]["speedup"] <= high
+
+
+def test_on_a_cpu_the_mode_says_there_is_one_clock():
+    verdict = decide_timing(_verdict(_rounds(ref=(1.0, 1.0), cand=(0.5, 0.5)), device="cpu"), VERIFIED)
+    assert verdict.timing["mode"] == "cpu" and verdict.timing["clock_used"] == "device"
+    assert verdict.timing["clocks"]["device"]["capped"] == {}
+    assert verdict.speedup == pytest.approx(2.0, rel=0.03)
+
+
+def test_a_record_made_before_the_host_clock_is_read_as_it_stands():
+    verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.0), cand=(0.05, 0.0), host_kind=False)), VERIFIED)
+    assert verdict.status is Status.PASSED
+    assert verdict.timing["mode"] == "hold" and "before the host clock" in verdict.timing["mode_reason"]
+    assert "host" not in verdict.timing["clocks"]
+    assert verdict.speedup == pytest.approx(2.0, rel=0.03)
+
+
+def test_the_a_a_and_the_known_2x_hold_in_sync_mode():
+    same = decide_timing(_verdict(_rounds(ref=(0.10, 0.20), cand=(0.10, 0.20)), requested="sync"), VERIFIED)
+    assert same.timing["mode"] == "sync" and same.timing["clock_used"] == "host"
+    assert same.speedup == pytest.approx(1.0, abs=0.01)
+    twice = decide_timing(_verdict(_rounds(ref=(0.10, 0.20), cand=(0.20, 0.40)), requested="sync"), VERIFIED)
+    assert twice.speedup == pytest.approx(0.5, rel=0.02) and twice.speed_class == "slower"
+
+
+# ---- claiming to block gains nothing -------------------------------------------------------------------------
+
+def test_a_candidate_that_fakes_blocking_gains_on_neither_clock():
+    """An honest fused kernel (device 0.05 ms, host-inclusive 0.06 ms) against a launch-bound reference (0.10 ms
+    of device work, 0.20 ms host-inclusive). Faking a blocked forward (device times inflated to 0.3 ms, and a probe
+    that follows the hold) switches the mode, and with it the headline, to the host clock: that is measured the
+    same way as without the claim, and the device clock can only fall (its side is capped at its host time)."""
+    ref = (0.10, 0.20)
+    honest = decide_timing(_verdict(_rounds(ref=ref, cand=(0.05, 0.06))), VERIFIED)
+    fake_probe = {"ref": _probe(False), "cand": _probe(True)}
+    faked = decide_timing(_verdict(_rounds(ref=ref, cand=(0.30, 0.06)), probe=fake_probe), VERIFIED)
+    assert honest.timing["mode"] == "hold" and faked.timing["mode"] == "sync"
+    honest_clocks, faked_clocks = honest.timing["clocks"], faked.timing["clocks"]
+    assert faked_clocks["device"]["speedup"] <= honest_clocks["device"]["speedup"]
+    assert faked_clocks["host"]["speedup"] == pytest.approx(honest_clocks["host"]["speedup"], rel=0.03)
+    # and the fast_p tables read a named clock, never the headline
+    from kbverify.clocks import clock_view
+
+    for clock in ("device", "host"):
+        assert clock_view(faked, clock).speedup <= clock_view(honest, clock).speedup * 1.03
+
+
+def test_a_candidate_that_inflates_the_references_device_time_is_held_to_the_clean_process():
+    """Slowing the reference's device-kind calls (a hook inside its timed region) makes it look blocked, and its
+    capped device time (its host-kind 0.12 ms) is still above its true 0.10 ms. The clean process's reference,
+    timed where no submission code ran, is what bounds it, as in the hold mode."""
+    ref, cand = (0.10, 0.12), (0.05, 0.07)
+    honest = decide_timing(_verdict(_rounds(ref=ref, cand=cand), clean=_clean(ref)), VERIFIED)
+    inflated = decide_timing(_verdict(_rounds(ref=(0.40, 0.12), cand=cand), clean=_clean(ref)), VERIFIED)
+    assert inflated.timing["mode"] == "sync"  # the reference now looks blocked beside the candidate
+    assert inflated.timing["clocks"]["device"]["speedup"] <= honest.timing["clocks"]["device"]["speedup"] * 1.03
+    assert inflated.speedup == pytest.approx(honest.timing["clocks"]["host"]["speedup"], rel=0.03)
+    # without the clean process the capped reference would read 0.12 ms: 2.4x instead of 2.0x
+    alone = decide_timing(_verdict(_rounds(ref=(0.40, 0.12), cand=cand)), VERIFIED)
+    assert alone.timing["clocks"]["device"]["speedup"] == pytest.approx(0.12 / 0.05, rel=0.03)
+
+
+# ---- the invariant -----------------------------------------------------------------------------------------
+
+_side = st.tuples(st.floats(0.005, 50.0), st.floats(0.005, 50.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ref=_side, cand=_side, seed=st.integers(0, 1000))
+def test_no_verdict_reports_a_device_time_above_its_own_host_time(ref, cand, seed):
+    verdict = decide_timing(_verdict(_rounds(ref=ref, cand=cand, n=12, seed=seed)), VERIFIED)
+    clocks = verdict.timing["clocks"]
+    for side in ("ref", "cand"):
+        device_ms = clocks["device"]["raw"]["ref_ms"] if side == "ref" else clocks["device"]["cand_ms"]
+        host_ms = clocks["host"]["raw"]["ref_ms"] if side == "ref" else clocks["host"]["cand_ms"]
+        assert device_ms <= host_ms * (1 + 1e-9)
+    if verdict.timing["mode"] == "hold":
+        assert verdict.cand_time_ms <= clocks["host"]["cand_ms"] * (1 + 1e-9)
