@@ -665,9 +665,18 @@ def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, targ
                                          device=context.options.device, env=context.env,
                                          keep_dir=context.options.keep_workdirs, budget_s=budget_s,
                                          target_half_width=target, check=check,
-                                         distributions=context.protocol.distributions, hang=context.hang())
+                                         distributions=context.protocol.distributions, hang=context.hang(),
+                                         kinds=_kinds(context))
     _note_child(context, job, outcome)
     return _unclaimed(outcome), driven
+
+
+def _kinds(context: _Context) -> tuple:
+    """Both kinds of batch on a GPU. A CPU has no hold, so there the two kinds are one measurement: only the device
+    kind runs (the rounds a budget buys stay as many), unless a mode is asked for, which runs both (tests)."""
+    if context.options.device.startswith("cuda") or context.options.timing_mode != "auto":
+        return timing_control.KINDS
+    return ("device",)
 
 
 def _check_timed_outputs(context: _Context, payload: dict, driven) -> dict:
@@ -714,6 +723,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
     confirmed, seen = timing_control.device_time_confirmed(all_rounds)
     clocks = timing_modes.clocks(all_rounds, confirmed=confirmed, cap=on_gpu)
+    if choice.mode == "cpu" and "host" not in clocks:  # one measurement on a CPU: the host clock is the device's
+        clocks["host"] = clocks["device"]
     margin = float(verdict.timing.get("noise_margin", stats.DEFAULT_NOISE_MARGIN))
     warnings = list(verdict.warnings)
     status, message = verdict.status, verdict.message

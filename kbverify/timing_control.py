@@ -156,7 +156,7 @@ def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: floa
 
 def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
         keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True,
-        distributions=("x1",), hang=None):
+        distributions=("x1",), hang=None, kinds=KINDS):
     """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
     from kbverify.sandbox import ChildSpec, run_children
 
@@ -164,7 +164,7 @@ def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | N
 
     def converse(child) -> None:
         holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
-                                 deadline=child.started + timeout_s, check=check, distributions=distributions)
+                                 deadline=child.started + timeout_s, check=check, distributions=distributions, kinds=kinds)
 
     outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse,
                                       hang=hang)])[0]

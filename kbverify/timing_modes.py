@@ -97,6 +97,8 @@ def has_host_clock(rounds: list) -> bool:
 def decide_mode(record: dict, clean: dict | None, on_gpu: bool, requested: str = "auto") -> ModeChoice:
     """The timing mode from the stored record alone (so `rejudge` reaches the same one)."""
     rounds = record.get("rounds") or []
+    if not on_gpu and requested == "auto":
+        return ModeChoice("cpu", "a CPU has no device-side hold: one clock times the call")
     if not has_host_clock(rounds):
         return ModeChoice("hold", "recorded before the host clock was kept: device clock only")
     evidence: dict = {}
@@ -112,9 +114,6 @@ def decide_mode(record: dict, clean: dict | None, on_gpu: bool, requested: str =
     blocked = tuple(name for name, said in evidence.items() if said)
     if requested in ("hold", "sync"):
         return ModeChoice(requested, f"{requested} mode was asked for", blocked, evidence)
-    if not on_gpu:
-        return ModeChoice("cpu", "a CPU has no device-side hold: both kinds of batch time the call the same way",
-                          blocked, evidence)
     if blocked:
         return ModeChoice("sync", "a forward waits on the device inside its call (" + ", ".join(blocked) + "): "
                           "both sides are timed without the hold, host-inclusive", blocked, evidence)

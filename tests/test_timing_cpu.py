@@ -260,3 +260,45 @@ def test_work_hidden_in_a_returned_containers_iter_is_timed():
                     PROTOCOL, CheckOptions(device="cpu", timeout_s=120))
     assert verdict.status.value == "passed", verdict.message
     assert verdict.speedup < 1.5  # it does the reference's work; before, the clock stopped before __iter__ (86x)
+
+
+SYNC = CheckOptions(device="cpu", timeout_s=120, timing_mode="sync")
+
+
+def _speed_in_sync_mode(source: str):
+    task = parse_task(TASK, name="1_TanhMatmul", level=1, problem_id=1)
+    # both kinds of batch in every round: half the rounds of each a budget buys, so a longer budget
+    verdict = check(task, make_submission(source, id="s.py"), PROTOCOL.with_overrides(timing_budget_s=3.0), SYNC)
+    assert verdict.status.value == "passed", verdict.message
+    assert verdict.timing["mode"] == "sync" and verdict.timing["clock_used"] in ("host", "wall")
+    return verdict
+
+
+@pytest.mark.slow
+def test_the_known_2x_and_the_a_a_hold_in_sync_mode():
+    """Both sides timed the host kind's way (no hold, each call synchronised): what a blocked forward gets. On a
+    CPU the two kinds measure alike, so this holds the whole host-kind path (the parent's batches, the worker's
+    calls, the clocks) to the same 2x and 1x the device kind gives."""
+    twice = _speed_in_sync_mode(TWICE)
+    assert 0.45 < twice.speedup < 0.55, twice.speedup
+    host = twice.timing["clocks"]["host"]
+    assert host["speedup"] == twice.speedup and host["n_rounds"] == len(twice.timing["interleaved"]["rounds"])
+    same = _speed_in_sync_mode(SAME)
+    assert 0.85 < same.speedup < 1.15, same.speedup
+    assert same.speed_class in ("same", "ambiguous")
+
+
+@pytest.mark.slow
+def test_every_round_draws_one_of_the_correctness_distributions_in_turn():
+    """The parent names each round's distribution (every call of the round draws it), in turn from a random
+    start, over the protocol's own list, mixed signs included; the checked timed calls carry it to the stale
+    check, which must then find the honest kernel's outputs right on those inputs."""
+    distributions = ("x1", "neg", "shifted", "mixed_sign")
+    protocol = PROTOCOL.with_overrides(distributions=distributions, timing_budget_s=1.0)
+    task = parse_task(TASK, name="1_TanhMatmul", level=1, problem_id=1)
+    verdict = check(task, make_submission(SAME, id="s.py"), protocol, CheckOptions(device="cpu", timeout_s=120))
+    assert verdict.status.value == "passed", verdict.message
+    drawn = [r["distribution"] for r in verdict.timing["interleaved"]["rounds"]]
+    start = distributions.index(drawn[0])
+    assert drawn == [distributions[(start + i) % len(distributions)] for i in range(len(drawn))]
+    assert verdict.timing["interleaved"]["stale"]["checked"] > 0
