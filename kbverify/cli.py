@@ -22,6 +22,9 @@ hidden_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hidde
 app.add_typer(hidden_app, name="hidden")
 
 DEFAULT_P = "0,0.5,1,1.5,2"
+CLOCK_HELP = ("which clock the fast_p tables read: device (default: the kernel's own time, behind the device-side "
+              "hold, what verified has always reported, and a clock a forward claiming to block cannot raise) or "
+              "host (what a caller that waits on each call sees: launches and waits inside the call included)")
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -95,6 +98,7 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             allow_mixed: bool = typer.Option(False, "--allow-mixed"),
             exclude_degenerate: Optional[Path] = typer.Option(
                 None, "--exclude-degenerate", help="an audit JSON: its degenerate tasks leave the fast_p tables"),
+            clock: str = typer.Option("device", "--clock", help=CLOCK_HELP),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
@@ -106,13 +110,14 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
                                timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
                                exclude_degenerate=exclude_degenerate)
+    validate.clock(clock)
     with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
                                    protocols=request.protocols, samples=request.samples,
                                    report_dir=request.report_dir, device=request.device,
                                    hidden_dirs=request.hidden_dirs, timeout_s=request.timeout_s,
                                    limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
-                                   select=request.select, exclude_path=request.exclude_path)
+                                   select=request.select, exclude_path=request.exclude_path, clock=clock)
     if json_out:
         _emit(summary)
     else:
@@ -128,6 +133,7 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
           p: str = typer.Option(DEFAULT_P, "--p"),
           exclude_degenerate: Optional[Path] = typer.Option(None, "--exclude-degenerate"),
           samples: Optional[str] = typer.Option(None, "--samples", help="first or best (default: each protocol's own)"),
+          clock: str = typer.Option("device", "--clock", help=CLOCK_HELP),
           json_out: bool = typer.Option(False, "--json")):
     """fast_p from stored verdicts, a score JSONL, or KernelBench's own files."""
     _setup_logging(False)
@@ -135,8 +141,9 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
 
     request = validate.score(source=source, baseline=baseline, level=level, p=p,
                              exclude_degenerate=exclude_degenerate, samples=samples)
+    validate.clock(clock)
     result = jobs.run_score(request.source, baseline=request.baseline, level=request.level, ps=request.ps,
-                            exclude_path=request.exclude_path, samples=request.samples)
+                            exclude_path=request.exclude_path, samples=request.samples, clock=clock)
     if json_out:
         _emit(result["json"])
     else:
@@ -182,13 +189,15 @@ def hidden_generate(tasks: Path = typer.Argument(...), out: Path = typer.Option(
 
 
 @app.command()
-def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--out")):
+def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--out"),
+           clock: str = typer.Option("device", "--clock", help=CLOCK_HELP)):
     """Write report.json, report.md and report.html from a store."""
     _setup_logging(False)
     from kbverify import jobs, validate
 
     validate.report(store=store, out=out)
-    result = jobs.run_report(store, out)
+    validate.clock(clock)
+    result = jobs.run_report(store, out, clock=clock)
     sys.stdout.write(result["text"])
     if not result["complete"]:
         raise typer.Exit(3)

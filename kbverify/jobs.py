@@ -77,8 +77,8 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
                 protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
-                exclude_path: Path | None = None) -> dict:
-    """`device`: auto, cpu, cuda or cuda:N. `exclude_path`: an audit whose degenerate tasks leave the printed
+                exclude_path: Path | None = None, clock: str = "device") -> dict:
+    """`device`: auto, cpu, cuda or cuda:N. `clock`: which of a verdict's clocks the tables read (kbverify.clocks). `exclude_path`: an audit whose degenerate tasks leave the printed
     fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
     and the store can be refused for is checked before the first worker starts. `progress` hears of each phase
     and finished unit (`kbverify.progress`)."""
@@ -106,7 +106,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         planned = {unit.key for unit in units}
         stored = {key: v for key, v in store.verdicts() if key in planned}
     return _rescore_result(plan, units, stored, summary, source=source, store_path=store_path, samples=samples,
-                           report_dir=report_dir, title=title, runs=runs)
+                           report_dir=report_dir, title=title, runs=runs, clock=clock)
 
 
 @dataclass(frozen=True)
@@ -162,18 +162,19 @@ def _refuse_store_conflicts(store_path: Path, units) -> None:
 
 
 def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
-                    samples: str, report_dir: Path | None, title: str | None, runs: list | None = None) -> dict:
-    from kbverify import present
+                    samples: str, report_dir: Path | None, title: str | None, runs: list | None = None,
+                    clock: str = "device") -> dict:
+    from kbverify import clocks, present
     from kbverify.rescore import planned_unit
 
-    verdicts = list(stored.values())
+    verdicts, missing_clock = clocks.views(list(stored.values()), clock)
     # A unit an infrastructure error left without a verdict counts neither way, so the tables cover fewer tasks
     # than the run has: said first and last, and the command exits 3, so the numbers are not taken for final.
     missing_units = [planned_unit(unit) for unit in units if unit.key not in stored]
     missing = [unit["name"] for unit in missing_units]
     incomplete = incomplete_line(len(missing), len(units)) if missing else ""
     tables = tables_by_protocol(verdicts, P_VALUES, samples, plan.exclude)
-    text = incomplete + present.render_fast_p(tables, P_VALUES)
+    text = incomplete + _clock_line(clock, missing_clock) + present.render_fast_p(tables, P_VALUES)
     bound = None
     if missing_units:
         bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, plan.exclude)
@@ -201,7 +202,15 @@ def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source:
             "complete": not missing, "missing_units": missing, "tables_counting_missing_as_failed": bound,
             "reports": {k: str(v) for k, v in paths.items()},
             "skipped_files": [file.to_dict() for file in plan.skipped],
-            "tasks_not_found": list(plan.tasks_not_found)}
+            "tasks_not_found": list(plan.tasks_not_found), "clock": clock, "missing_clock": missing_clock}
+
+
+def _clock_line(clock: str, missing: int) -> str:
+    """Which clock the tables read, and how many timed verdicts had no such clock (kbverify.clocks)."""
+    from kbverify import clocks
+
+    note = clocks.missing_note(clock, missing)
+    return (note + "\n") if note else (f"clock: {clock}\n" if clock != clocks.DEFAULT_CLOCK else "")
 
 
 def _require_distinct_samples(entries) -> None:
@@ -261,9 +270,10 @@ def _changes_text(verdicts: list[Verdict]) -> str:
 
 
 def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exclude_path: Path | None,
-              samples: str | None) -> dict:
-    """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best)."""
-    from kbverify import present, score
+              samples: str | None, clock: str = "device") -> dict:
+    """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best). `clock`: which of a
+    stored verdict's clocks the tables read (kbverify.clocks); other sources carry one speedup per row."""
+    from kbverify import clocks, present, score
     from kbverify.store import Store
 
     if not source.exists():
@@ -282,9 +292,11 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         with Store(source) as store:
             verdicts = [v for _, v in store.verdicts()]
             missing = store.units_without_verdict()
+        verdicts, missing_clock = clocks.views(verdicts, clock)
         tables = tables_by_protocol(verdicts, ps, samples, exclude)
-        text = present.render_fast_p(tables, ps)
-        result = {"tables": tables, "complete": not missing, "missing_units": [unit["name"] for unit in missing]}
+        text = _clock_line(clock, missing_clock) + present.render_fast_p(tables, ps)
+        result = {"tables": tables, "complete": not missing, "missing_units": [unit["name"] for unit in missing],
+                  "clock": clock, "missing_clock": missing_clock}
         if missing:
             bound = tables_counting_as_failed(verdicts, missing, ps, samples, exclude)
             text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text + _bound_text(bound, ps)
@@ -343,7 +355,8 @@ def _audit_progress(progress: Callable[[Progress], None] | None, total: int, dev
     return update
 
 
-def run_report(store_path: Path, out: Path) -> dict:
+def run_report(store_path: Path, out: Path, clock: str = "device") -> dict:
+    from kbverify import clocks
     from kbverify.report import write_reports
     from kbverify.store import Store
 
@@ -355,9 +368,13 @@ def run_report(store_path: Path, out: Path) -> dict:
         missing = store.units_without_verdict()
     if not verdicts:
         raise InputError(f"{store_path}: the store holds no verdicts")
+    verdicts, missing_clock = clocks.views(verdicts, clock)
     title = {"title": f"kbverify report (INCOMPLETE: {len(missing)} units without a verdict)"} if missing else {}
-    paths = write_reports(verdicts, out, provenance={"runs": runs}, **title)
-    text = "".join(f"{kind}: {path}\n" for kind, path in paths.items())
+    if clock != clocks.DEFAULT_CLOCK:
+        title = {"title": title.get("title", "kbverify report") + f" ({clock} clock)"}
+    paths = write_reports(verdicts, out, provenance={"runs": runs, "clock": clock, "missing_clock": missing_clock},
+                          **title)
+    text = _clock_line(clock, missing_clock) + "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     if missing:
         text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text
     return {"text": text, "paths": paths, "complete": not missing, "missing_units": [unit["name"] for unit in missing]}

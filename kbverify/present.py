@@ -28,7 +28,27 @@ def verdict_json(verdict: Verdict) -> dict:
         "elapsed_s": verdict.elapsed_s,
         "isolation": verdict.isolation,
         "isolation_reason": verdict.isolation_reason,
+        "timing_mode": (verdict.timing or {}).get("mode"),
+        "timing_mode_reason": (verdict.timing or {}).get("mode_reason"),
+        "clocks": {name: {"speedup": entry.get("speedup"), "ci": entry.get("ci")}
+                   for name, entry in ((verdict.timing or {}).get("clocks") or {}).items()
+                   if name in ("device", "host") and isinstance(entry, dict)} or None,
     }
+
+
+def _clocks_line(verdict: Verdict) -> str:
+    """Both clocks and the mode that chose the headline (kbverify.timing_modes); "" for other timings."""
+    timing = verdict.timing or {}
+    entries = timing.get("clocks") or {}
+    if "mode" not in timing or not all(isinstance(entries.get(name), dict) for name in ("device", "host")):
+        return ""
+    parts = []
+    for name in ("device", "host"):
+        entry = entries[name]
+        ci = entry.get("ci") or [None, None]
+        interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if all(isinstance(c, (int, float)) for c in ci) else ""
+        parts.append(f"{name} {entry['speedup']:.3f}x{interval}")
+    return f"clocks: {', '.join(parts)}; mode {timing['mode']}: {timing.get('mode_reason', '')}"
 
 
 def shorten(text: str, limit: int) -> str:
@@ -63,6 +83,8 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
         lines.append(line)
         if verdict.message:
             lines.append(f"  {'':<{width}}  {shorten(verdict.message, 300)}")
+        if _clocks_line(verdict):
+            lines.append(f"  {'':<{width}}  {shorten(_clocks_line(verdict), 300)}")
         if verdict.isolation != "isolated":
             lines.append(f"  {'':<{width}}  ISOLATION: DEGRADED ({verdict.isolation_reason}): the submission ran "
                          "unconfined and could have reached the parent, the judge or their files")

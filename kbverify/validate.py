@@ -151,6 +151,14 @@ def report(*, store: Path, out: Path) -> None:
     report_folder(out, "--out")
 
 
+def clock(value: str) -> str:
+    from kbverify.clocks import CLOCKS
+
+    if value not in CLOCKS:
+        raise InputError(f"--clock {value}: one of {', '.join(CLOCKS)}")
+    return value
+
+
 def rejudge(*, store: Path, protocol: str, into: Path | None) -> None:
     existing(store, "the store", "a store written by rescore", file=True)
     if len(parse_protocols(protocol)) != 1:
