@@ -37,8 +37,9 @@ def _two_clocks(device: float, host: float, mode: str) -> dict:
 BLOCKED = _verdict("blocked", 1.51, _two_clocks(device=1.35, host=1.51, mode="sync"))
 PLAIN = _verdict("plain", 2.0, _two_clocks(device=2.0, host=1.6, mode="hold"))
 # recorded before the host clock: its "host" entry was the parent's wall clock, not a host-inclusive time
-OLD = _verdict("old", 1.2, {"clocks": {"device": {"speedup": 1.2, "ci": [1.1, 1.3]},
-                                       "host": {"speedup": 1.05, "ci": [1.0, 1.1]}}, "clock_used": "device"})
+OLD = _verdict("old", 1.2, {"interleaved": {"rounds": []}, "clocks": {"device": {"speedup": 1.2, "ci": [1.1, 1.3]},
+                                                                   "host": {"speedup": 1.05, "ci": [1.0, 1.1]}},
+                            "clock_used": "device"})
 
 
 def test_a_verdict_is_read_by_the_clock_asked_for_never_its_headline():
