@@ -734,6 +734,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
+    if choice.mode == "sync":  # both warn that the device clock leaves host time out; the host clock does not
+        warnings = [w for w in warnings if w not in (Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value)]
     if not confirmed:
         warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
     adjusted, slowed = {}, False

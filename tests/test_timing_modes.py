@@ -104,6 +104,26 @@ def test_a_blocked_candidate_puts_both_sides_on_the_host_clock():
     assert device["speedup"] == pytest.approx(0.10 / 0.074, rel=0.03)
 
 
+def test_sync_mode_drops_the_warnings_about_host_time_the_device_clock_leaves_out():
+    from kbverify.status import Warn
+
+    record = _verdict(_rounds(ref=(0.10, 0.112), cand=(0.446, 0.074)))
+    interleaved = {**record.timing["interleaved"], "uncovered_calls": {"ref": 0, "cand": 120},
+                   "host_ms": {"ref": {"p50": 0.05}, "cand": {"p50": 0.6}}}
+    blocked = decide_timing(_with(record, interleaved), VERIFIED)
+    assert blocked.timing["mode"] == "sync"
+    assert not {Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value} & set(blocked.warnings)
+    held = decide_timing(_with(record, interleaved, requested="hold"), VERIFIED)
+    assert {Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value} <= set(held.warnings)
+
+
+def _with(verdict: Verdict, interleaved: dict, requested: str = "auto") -> Verdict:
+    import dataclasses
+
+    return dataclasses.replace(verdict, timing={**verdict.timing, "interleaved": interleaved,
+                                                "mode_requested": requested})
+
+
 def test_a_forward_the_probe_finds_waiting_is_timed_in_sync_mode():
     probe = {"ref": _probe(False), "cand": _probe(True)}
     verdict = decide_timing(_verdict(_rounds(ref=(0.10, 0.12), cand=(0.06, 0.09)), probe=probe), VERIFIED)
