@@ -1,8 +1,8 @@
 """One (task, submission, protocol) → one Verdict. The parent side: it plans, starts children, and turns their raw
 records into statuses. It never imports a submission.
 
-Deciding is separate from running: `decide_isolated` and `decide_timing` read only stored raw records, so
-`rejudge` reaches the same verdicts from a store without a GPU.
+Deciding is separate from running: `decide_isolated` and `decide_timing` (kbverify.timing_verdict) read only
+stored raw records, so `rejudge` reaches the same verdicts from a store without a GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import stats, timing_control, timing_modes, toolchain
+from kbverify import stats, timing_control, toolchain
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
@@ -31,26 +31,11 @@ from kbverify.static import StaticScan, classify_build_error, scan
 from kbverify.status import Status, Warn, worst
 from kbverify.submissions import Submission
 from kbverify.tasks import Task
+from kbverify.timing_verdict import EXCESSIVE_SPEEDUP, _refusal, decide_timing  # noqa: F401 - decide_timing: API
 
 log = logging.getLogger(__name__)
 
-EXCESSIVE_SPEEDUP = 10.0
 PROBE_WORKER_TIMEOUT_S = 120.0  # a fresh worker bringing up torch (and CUDA) on a busy machine
-IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
-REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes from the clean process
-# On a CPU two processes' copies of one reference differ more (an honest README example read 1.16x on a 2-core
-# machine); a reference run several times over beside the candidate is still far past this.
-CPU_REFERENCE_SLOWDOWN_TOLERANCE = 1.5
-UNSYNC_GAP_FRACTION = 0.2
-UNSYNC_GAP_MIN_MS = 0.02
-# Timed outputs checked against the reference: over GROSS_FACTOR x the limit on one call is a wrong output; a
-# smaller excess on more than MARGINAL_FRACTION of the checked calls is a timed path that computes differently.
-GROSS_FACTOR = 3.0
-MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades precision on a few calls gain little
-HOST_TIMED_FRACTION = 0.1
-HOST_JITTER_MS = 0.05
-_SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
-                  "float32_matmul_precision": "highest", "mkldnn_enabled": False}
 
 
 @dataclass(frozen=True)
@@ -617,7 +602,8 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                        ci_half_width=protocol.ci_half_width, train_mode=protocol.train_mode,
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
-                       candidate_grad_enabled=protocol.candidate_grad_enabled)
+                       candidate_grad_enabled=protocol.candidate_grad_enabled,
+                       timed_distributions=timed_distributions(verdict.sets, protocol))
     timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
                             target=protocol.ci_half_width)
     if timed.died:
@@ -665,10 +651,19 @@ def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, targ
                                          device=context.options.device, env=context.env,
                                          keep_dir=context.options.keep_workdirs, budget_s=budget_s,
                                          target_half_width=target, check=check,
-                                         distributions=context.protocol.distributions, hang=context.hang(),
+                                         distributions=payload.get("timed_distributions") or ("x1",),
+                                         hang=context.hang(),
                                          kinds=_kinds(context))
     _note_child(context, job, outcome)
     return _unclaimed(outcome), driven
+
+
+def timed_distributions(sets, protocol: Protocol) -> list[str]:
+    """The distributions the timed rounds draw in turn: the protocol's, each where the task's own shapes had a
+    valid set (a distribution on which the reference itself goes non-finite, a KL divergence on negated inputs,
+    is invalid for the task: timing on it would compare NaN with NaN). x1 when none is known."""
+    valid = {s.distribution for s in sets if s.valid and s.shape == "original"}
+    return [d for d in protocol.distributions if d in valid] or ["x1"]
 
 
 def _kinds(context: _Context) -> tuple:
@@ -709,234 +704,3 @@ def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
     if margin_cache is not None:
         margin_cache.put(key, margin)
     return margin
-
-
-def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
-    """Speedup, CI, speed class, the timing mode, both clocks and the timing guards, from the raw record alone."""
-    record = verdict.timing["interleaved"]
-    clean = verdict.timing.get("clean_reference")
-    on_gpu = str(verdict.timing.get("device", "cpu")).startswith("cuda")
-    all_rounds = record.get("rounds", [])
-    rounds = timing_control.paired_rounds(all_rounds, "device")
-    if not rounds:
-        return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
-    choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
-    confirmed, seen = timing_control.device_time_confirmed(all_rounds)
-    clocks = timing_modes.clocks(all_rounds, confirmed=confirmed, cap=on_gpu)
-    if choice.mode == "cpu" and "host" not in clocks:  # one measurement on a CPU: the host clock is the device's
-        clocks["host"] = clocks["device"]
-    margin = float(verdict.timing.get("noise_margin", stats.DEFAULT_NOISE_MARGIN))
-    warnings = list(verdict.warnings)
-    status, message = verdict.status, verdict.message
-    if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
-        status, message, extra = _timing_guards(record, clean, on_gpu, clocks["device"].ref_ms,
-                                                clocks["device"].cand_ms)
-        warnings += extra
-        if status is Status.PASSED:
-            status, message = verdict.status, verdict.message
-    if choice.mode == "sync":  # both warn that the device clock leaves host time out; the host clock does not
-        warnings = [w for w in warnings if w not in (Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value)]
-    if not confirmed:
-        warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
-    adjusted, slowed = {}, False
-    for name in ("device", "host"):
-        if name in clocks:
-            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed)
-            slowed = slowed or (was_slowed and name == choice.headline_kind)
-    if slowed:
-        warnings.append(Warn.REFERENCE_SLOWED.value)
-    used = choice.headline_kind if choice.headline_kind in adjusted else "device"
-    estimate, ref_ms, cand_ms = adjusted[used]
-    if estimate.speedup > EXCESSIVE_SPEEDUP:
-        warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
-    sm_clocks = [r.get("sm_clock_mhz") for r in all_rounds if r.get("sm_clock_mhz")]
-    if sm_clocks and min(sm_clocks) < 0.9 * max(sm_clocks):
-        warnings.append(Warn.THROTTLED.value)
-    timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
-              "mode_evidence": choice.evidence, "clock_used": used if confirmed else "wall",
-              "device_time_confirmed": confirmed, "unexplained_ms": seen,
-              "clocks": {name: _clock_json(clock, adjusted.get(name)) for name, clock in clocks.items()}}
-    return dataclasses.replace(
-        verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
-        speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
-        speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
-
-
-def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
-    """One clock's estimate as a verdict reports it: against the clean process's reference where the one beside
-    the candidate ran slower (never an inflated speedup), widened by what a rerun redraws. ((estimate, ref ms,
-    cand ms), whether the reference was slowed.)"""
-    estimate, ref_ms, slowed = clock.estimate, clock.ref_ms, False
-    kind = clock.kind
-    if confirmed and protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate
-        tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
-        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean, tolerance, kind)
-    paired = timing_control.paired_rounds(rounds, kind)
-    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(
-        _instance_differences(paired, clean, slowed, kind)))
-    return (estimate, ref_ms, clock.cand_ms), slowed
-
-
-def _clock_json(clock, adjusted) -> dict:
-    entry = clock.to_json()
-    if adjusted is not None:
-        estimate, ref_ms, cand_ms = adjusted
-        entry["raw"] = {"speedup": entry["speedup"], "ci": entry["ci"], "ref_ms": entry["ref_ms"]}
-        entry.update({"speedup": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high], "ref_ms": ref_ms,
-                      "cand_ms": cand_ms})
-    return entry
-
-
-def _instance_differences(rounds: list, clean: dict | None, slowed: bool, kind: str = "device") -> list[float]:
-    """Log-differences between independent instances of the reference: the one timed beside the candidate
-    against the clean process's, and the clean process's two copies against each other (batches of one kind). A
-    reference slowed beside the candidate is not an instance offset (the speedup is already taken against the
-    clean time)."""
-    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
-    if not clean_rounds or not rounds:
-        return []
-    differences = [math.log(stats.paired_speedup(clean_rounds).speedup)]
-    if not slowed:
-        beside = _median([t for r in rounds for t in r[0]])
-        differences.append(math.log(beside / _median([t for r in clean_rounds for t in r[0]])))
-    return differences
-
-
-def _against_clean_reference(estimate, ref_ms: float, clean: dict | None,
-                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE, kind: str = "device"):
-    """The reference timed beside the candidate against the same reference timed in a process the candidate never
-    touched. Where it ran slower beside the candidate (by sabotage, or by host-side effects that launch-bound
-    references feel), the speedup is taken against the clean time, so a slowed baseline never inflates it."""
-    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
-    if not clean_rounds:
-        return estimate, ref_ms, False
-    clean_ms = _median([t for ref, _ in clean_rounds for t in ref])
-    if not clean_ms > 0 or ref_ms / clean_ms <= tolerance:
-        return estimate, ref_ms, False
-    scale = clean_ms / ref_ms
-    # The clean time has its own uncertainty (its A/A interval against an identical copy): each side of the
-    # interval widens by it, added to the paired interval's on the log scale.
-    aa = stats.paired_speedup(clean_rounds)
-    extra = math.log(aa.ci_high / aa.ci_low) / 2 if aa.ci_low > 0 else 0.0
-    center = estimate.speedup * scale
-
-    def widened(bound: float) -> float:
-        distance = abs(math.log(bound * scale / center)) if bound > 0 and center > 0 else 0.0
-        return math.hypot(distance, extra)
-
-    scaled = dataclasses.replace(estimate, speedup=center, ci_low=center * math.exp(-widened(estimate.ci_low)),
-                                 ci_high=center * math.exp(widened(estimate.ci_high)))
-    return scaled, clean_ms, True
-
-
-def _refusal(record: dict) -> str:
-    return "while timed, tried what a worker refuses: " + ", ".join(record["refused"])
-
-
-def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
-                   cand_ms: float) -> tuple[Status, str, list[str]]:
-    warnings: list[str] = []
-    if record.get("refused"):
-        return Status.EXPLOIT_TAMPER, _refusal(record), warnings
-    if record.get("tampered"):
-        return Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(record["tampered"][:6]), warnings
-    slowing = [change for change in [record.get("flags_changed_at_import") or {}, *record.get("flags_changed", [])]
-               if any(_SLOWING_FLAGS.get(key) == value for key, value in change.items())]
-    if slowing or record.get("torch_functions_changed"):
-        what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
-        return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
-    stale = record.get("stale") or {}
-    if stale.get("n_wrong_structure"):
-        return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_wrong_structure']} timed outputs differ from the reference's "
-                f"in type, shape or dtype (first: call {stale['wrong_structure'][0]})", warnings)
-    if not stale.get("checked"):
-        return Status.EXPLOIT_STALE_OUTPUT, "no timed output could be checked against the reference", warnings
-    if stale.get("n_mismatches"):
-        gross = [m for m in stale["mismatches"] if _grossly_wrong(m)]
-        # mismatches beyond those listed (older records kept ten) count as gross: nothing is known about them
-        unlisted = stale["n_mismatches"] - len(stale["mismatches"])
-        if gross or unlisted > 0 or stale["n_mismatches"] > MARGINAL_FRACTION * stale["checked"]:
-            first = (gross or stale["mismatches"])[0]
-            return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed "
-                    f"outputs are wrong for their inputs ({_mismatch_text(first)})", warnings)
-        # A few outputs just over the limit, the rest within it: the numerical tail of a kernel that is judged
-        # correct on its input sets, not a timed path that differs (that fails most calls, or fails grossly).
-        warnings.append(Warn.TIMED_OUTPUTS_NEAR_TOLERANCE.value)
-    if record.get("n_unsettled"):
-        return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
-                "returned (work still running when the end event was recorded)", warnings)
-    # Records made before the settle gap existed (`gaps_ms`, which counted the harness's own projection) are
-    # not judged by it.
-    gaps = record.get("settle_gaps_ms") or {}
-    if on_gpu and gaps.get("cand") and gaps.get("ref"):
-        excess = _median(gaps["cand"]) - _median(gaps["ref"])
-        if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
-            return (Status.EXPLOIT_UNSYNCHRONIZED, f"the device kept working {excess:.3f} ms after the end event "
-                    f"(reference: {_median(gaps['ref']):.3f} ms)", warnings)
-    threads = (record.get("threads_started") or {}).get("cand", 0)
-    if threads > 0:
-        warnings.append(Warn.THREADS_STARTED.value)
-    if on_gpu and _host_time_timed(record):
-        warnings.append(Warn.HOST_TIME_TIMED.value)
-    if on_gpu and _host_overhead(record, ref_ms):
-        warnings.append(Warn.HOST_OVERHEAD.value)
-    known = {w.value for w in Warn}
-    warnings += [w for w in record.get("warnings") or [] if w in known]
-    if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
-        moved = record["input_bytes"] + record.get("output_bytes", 0)
-        floor_ms = moved / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
-        if cand_ms < IMPOSSIBLE_MARGIN * floor_ms:
-            return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
-                    f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
-    return Status.PASSED, "", warnings
-
-
-def _host_time_timed(record: dict) -> bool:
-    """More than a tenth of either side's timed calls had host work longer than the hold before them: for those the
-    time includes launch overhead, and `verified` otherwise times the device's work only."""
-    uncovered = record.get("uncovered_calls") or {}
-    for side, key in (("ref", "ref_ms"), ("cand", "cand_ms")):
-        calls = sum(len(r.get(key, ())) for r in record.get("rounds", []))
-        if calls and uncovered.get(side, 0) > HOST_TIMED_FRACTION * calls:
-            return True
-    return False
-
-
-def _host_overhead(record: dict, ref_ms: float) -> bool:
-    """The device time `verified` reports leaves the host's work out. Where the candidate's host work per call
-    exceeds the reference's by more than the reference's whole device time, a caller that waits for each call
-    would find it slower than the reference however fast its kernels are. (Both sides' host times include the
-    harness's own per-call work, which the difference cancels; a difference within the host's own jitter, tens of
-    microseconds or half the reference's host time, says nothing.)"""
-    host = record.get("host_ms") or {}
-    ref_host, cand_host = (host.get("ref") or {}).get("p50"), (host.get("cand") or {}).get("p50")
-    if not isinstance(ref_host, (int, float)) or not isinstance(cand_host, (int, float)):
-        return False
-    return cand_host - ref_host > max(ref_ms, HOST_JITTER_MS, 0.5 * ref_host)
-
-
-def _grossly_wrong(mismatch: dict) -> bool:
-    error, limit = mismatch.get("relative_error"), mismatch.get("limit")
-    if not isinstance(error, (int, float)) or not isinstance(limit, (int, float)) or not math.isfinite(error):
-        return True
-    projection = mismatch.get("projection_error")
-    return error > GROSS_FACTOR * limit or (isinstance(projection, (int, float))
-                                             and projection > GROSS_FACTOR * 3 * limit)
-
-
-def _mismatch_text(mismatch: dict) -> str:
-    error = mismatch.get("relative_error")
-    if not isinstance(error, (int, float)):
-        return f"call {mismatch['call']}: {mismatch.get('why', '?')}"
-    if not math.isfinite(error):
-        return (f"call {mismatch['call']}: non-finite values; a returned tensor that is kept and not recomputed "
-                "reads NaN, which the harness writes into every floating output tensor after checking it")
-    return f"call {mismatch['call']}: norm-wise error {error:.3g}, limit {mismatch.get('limit', 0):.3g}"
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
