@@ -40,8 +40,8 @@ def _clocks_line(verdict: Verdict) -> str:
     """Both clocks and the mode that chose the headline (kbverify.timing_modes); "" for other timings."""
     timing = verdict.timing or {}
     entries = timing.get("clocks") or {}
-    if "mode" not in timing or not all(isinstance(entries.get(name), dict) for name in ("device", "host")):
-        return ""
+    if timing.get("mode") in (None, "cpu") or not all(isinstance(entries.get(name), dict) for name in ("device", "host")):
+        return ""  # on a CPU the two clocks are one measurement: nothing to add
     parts = []
     for name in ("device", "host"):
         entry = entries[name]
