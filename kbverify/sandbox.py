@@ -263,6 +263,7 @@ class _Running:
         hang = self.spec.hang
         if hang is None or not self.messages.ran_submission or self.outcome is not None:
             return False
+        self.read(0)  # what has arrived but was not yet read is progress too
         now = time.monotonic() if now is None else now
         quiet = now - self.last_progress
         if not hang.stalled(self.messages.last_phase, quiet, now):
