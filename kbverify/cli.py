@@ -53,6 +53,9 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
           min_speedup: Optional[float] = typer.Option(None, "--min-speedup"),
           secret: Optional[str] = typer.Option(None, "--secret", help="reuse a verdict's seeds (see its reproducer)"),
           timeout: float = typer.Option(600.0, "--timeout", help="seconds per worker process"),
+          hang_floor: float = typer.Option(20.0, "--hang-floor",
+                                           help="seconds a forward may send no progress before it is a timeout: "
+                                                "the floor of max(this, 50 x the reference's call); 0: --timeout only"),
           json_out: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
           verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Verify one submission (or a folder of them) against its task."""
@@ -62,9 +65,11 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
     request = validate.check(submission=submission, task=task, protocol=protocol, device=device,
                              hidden_tests=hidden_tests, only=only, min_speedup=min_speedup, secret=secret,
                              timeout=timeout)
+    validate.hang_floor(hang_floor)
     _start_workers(timing=any(p.timing == "interleaved" for p in request.protocols))
     options = runner.CheckOptions(device=jobs.resolve_device(request.device), hidden_dirs=request.hidden_dirs,
-                                  only=request.only, timeout_s=request.timeout_s, secret=request.secret)
+                                  only=request.only, timeout_s=request.timeout_s, secret=request.secret,
+                                  hang_floor_s=hang_floor)
     rejected = False
     for candidate in request.submissions:
         verdicts = {p.name: task_probe.judge(runner.check, request.task, candidate, p, options)

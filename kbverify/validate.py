@@ -151,6 +151,12 @@ def report(*, store: Path, out: Path) -> None:
     report_folder(out, "--out")
 
 
+def hang_floor(value: float) -> float:
+    if not (value >= 0 and value == value and value != float("inf")):
+        raise InputError(f"--hang-floor {value}: seconds, 0 or more")
+    return value
+
+
 def clock(value: str) -> str:
     from kbverify.clocks import CLOCKS
 

@@ -202,7 +202,8 @@ def test_nothing_outlives_a_killed_check(tmp_path):
     marker = f"KBV_LIFETIME_{uuid.uuid4().hex}"
     env = {**os.environ, marker: "1"}
     cli = subprocess.Popen([sys.executable, "-m", "kbverify", "check", str(submission), "--task",
-                            str(REPO / "tasks/basic/level1/1_ReLU.py"), "--protocol", "verified"],
+                            str(REPO / "tasks/basic/level1/1_ReLU.py"), "--protocol", "verified",
+                            "--hang-floor", "0"],  # the forward must hang until the CLI is killed
                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
