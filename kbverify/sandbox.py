@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify import channel, confine, supervisor
-from kbverify.errors import InfrastructureError
+from kbverify.errors import InfrastructureError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +205,18 @@ class _Running:
             child_env["CUDA_VISIBLE_DEVICES"] = visible
         self.log_path = self.logdir / "output.log"
         self.started = time.monotonic()
+        try:
+            tmpfs_size = confine.tmpfs_size()
+        except ValueError as error:
+            self._remove_dirs(keep_workdir=False)
+            raise InputError(str(error)) from None
         self.channel, child_end = multiprocessing.Pipe(duplex=True)
         try:
             self.process = _forkserver().Process(
                 target=supervisor.child_main,
                 args=(spec.job, spec.payload, str(self.workdir), str(self.log_path), child_env,
                       _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader(),
-                      confine.switched_off()),
+                      confine.switched_off(), tmpfs_size),
                 daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
