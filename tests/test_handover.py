@@ -69,15 +69,18 @@ def test_a_hand_over_larger_than_the_reference_allows_is_refused_unread(tmp_path
 
 
 def test_a_hand_over_that_grows_while_read_is_cut_at_the_limit(tmp_path, monkeypatch):
+    """The size the judge saw is not the size it reads: the candidate may append in between."""
     path = tmp_path / "grows.pt"
-    path.write_bytes(b"x" * 100)
+    path.write_bytes(b"x" * 200)
     real_fstat = os.fstat
-    monkeypatch.setattr(evaluate.os, "fstat", lambda fd: real_fstat(fd))
-    with open(path, "ab") as handle:
-        handle.write(b"y" * 100)  # grown past the limit after the judge looked
-    monkeypatch.setattr(evaluate.os, "fstat",
-                        lambda fd: os.stat_result((*real_fstat(fd)[:6], 100, *real_fstat(fd)[7:])))
-    with pytest.raises(ValueError, match="201 bytes|more than"):
+
+    def as_first_seen(fd):  # what fstat said before the candidate appended its last 100 bytes
+        seen = list(real_fstat(fd))
+        seen[6] = 100
+        return os.stat_result(seen)
+
+    monkeypatch.setattr(evaluate.os, "fstat", as_first_seen)
+    with pytest.raises(ValueError, match="holds 151 bytes, more than"):
         evaluate._read_regular(str(path), 150)
 
 
