@@ -121,23 +121,29 @@ def test_a_killed_check_leaves_no_process_on_the_gpu_and_the_next_a_a_is_unchang
                            stderr=subprocess.DEVNULL, start_new_session=True)
     ours: set[int] = set()
     try:
-        deadline, busy = time.monotonic() + 600, 0  # the first build of the extension takes a while
-        while time.monotonic() < deadline and busy < 3:
-            ours = gpu_processes.descendants(cli.pid)
-            spinning = bool(_holders(device_uuid) & ours) and _utilization(device_uuid) >= 90
-            busy = busy + 1 if spinning else 0
+        # Spinning: the GPU busy for 3 s in a row while the check runs (the first build takes a while). Where
+        # nvidia-smi lists processes by numbers of another PID namespace (a container), ours are not among them:
+        # then only the utilization and the processes' own end can tell, and the record says so.
+        deadline, busy = time.monotonic() + 600, 0
+        while time.monotonic() < deadline and busy < 3 and cli.poll() is None:
+            busy = busy + 1 if _utilization(device_uuid) >= 90 else 0
             time.sleep(1.0)
         assert busy >= 3, f"the check never reached its spinning kernel (exit {cli.poll()})"
         ours = gpu_processes.descendants(cli.pid)
+        listed = _holders(device_uuid) & ours
         killed_at = time.monotonic()
         os.kill(cli.pid, signal.SIGKILL)
         cli.wait()
-        while time.monotonic() - killed_at < GONE_WITHIN_S and (_holders(device_uuid) & ours
-                                                                 or _alive_with(marker)):
+
+        def left() -> tuple:
+            return _holders(device_uuid) & ours, _alive_with(marker), _utilization(device_uuid)
+
+        while time.monotonic() - killed_at < GONE_WITHIN_S and _still_there(*left()):
             time.sleep(0.1)
         gone_s = time.monotonic() - killed_at
-        left_on_gpu, left = _holders(device_uuid) & ours, _alive_with(marker)
-        assert not left_on_gpu and not left, f"after {gone_s:.1f} s: on the GPU {left_on_gpu}, alive {left}"
+        on_gpu, alive, busy_pct = left()
+        assert not _still_there(on_gpu, alive, busy_pct), \
+            f"after {gone_s:.1f} s: on the GPU {on_gpu}, alive {alive}, utilization {busy_pct}%"
     finally:
         for pid in _alive_with(marker):
             try:
@@ -148,12 +154,16 @@ def test_a_killed_check_leaves_no_process_on_the_gpu_and_the_next_a_a_is_unchang
     looks = after.timing["gpu_processes"]
     assert all(look["checked"] and not look["foreign"] for look in looks), looks
     drift = abs(math.log(after.speedup / before.speedup))
-    _record({"gone_s": gone_s, "a_a_before": before.speedup, "a_a_before_ci": before.speedup_ci,
+    _record({"gone_s": gone_s, "ours_listed_by_nvidia_smi_while_spinning": sorted(listed), "a_a_before": before.speedup, "a_a_before_ci": before.speedup_ci,
              "a_a_after": after.speedup, "a_a_after_ci": after.speedup_ci, "drift": drift,
              "speed_class": [before.speed_class, after.speed_class], "gpu_processes_after": looks})
     # the A/A is no faster or slower after than before (a kernel left spinning would slow one side's rounds)
     assert {before.speed_class, after.speed_class} <= {"same", "ambiguous"}, (before.speed_class, after.speed_class)
     assert drift < 0.05, (before.speedup, after.speedup)
+
+
+def _still_there(on_gpu: set, alive: list, utilization: int) -> bool:
+    return bool(on_gpu or alive) or utilization >= 50
 
 
 def _record(row: dict) -> None:
