@@ -264,6 +264,7 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
               samples: str | None) -> dict:
     """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best)."""
     from kbverify import present, score
+    from kbverify.report import foreign_gpu_line, timed_beside_foreign
     from kbverify.store import Store
 
     if not source.exists():
@@ -285,6 +286,11 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         tables = tables_by_protocol(verdicts, ps, samples, exclude)
         text = present.render_fast_p(tables, ps)
         result = {"tables": tables, "complete": not missing, "missing_units": [unit["name"] for unit in missing]}
+        foreign = foreign_gpu_line(verdicts)
+        if foreign:
+            text = foreign + "\n" + text
+            result["foreign_gpu_process"] = [f"{v.task_name} {v.submission} [{v.protocol}]" for v in verdicts
+                                             if timed_beside_foreign(v)]
         if missing:
             bound = tables_counting_as_failed(verdicts, missing, ps, samples, exclude)
             text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text + _bound_text(bound, ps)

@@ -58,6 +58,7 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
         "verdict_table": verdict_table(verdicts, protocols),
         "provenance_short": short_provenance(verdicts, provenance),
         "provenance": _provenance(verdicts, provenance),
+        "foreign_gpu": foreign_gpu_line(verdicts),
         "verdicts": [v.to_dict() for v in verdicts],
     }
 
@@ -143,10 +144,26 @@ def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
     """One `kbverify.score.ScoreRow` per verdict; a task is `level<L>/<name>`, or its name when the level is unknown."""
     from kbverify.score import ScoreRow  # deferred: scipy is only needed when something is scored
 
+    # A timing taken while another process held the GPU measured the machine as much as the kernel: it stays
+    # correct and its speed counts for nothing, so fast_p is a lower bound until it is timed on an idle GPU.
     return [ScoreRow(task=task_label(v.task_name, v.level), level=v.level,
-                     sample=v.sample, correct=v.correct, speedup=v.speedup,
-                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
+                     sample=v.sample, correct=v.correct, speedup=None if timed_beside_foreign(v) else v.speedup,
+                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci and not timed_beside_foreign(v) else None,
+                     claimed_speedup=v.claimed_speedup)
             for v in verdicts]
+
+
+def timed_beside_foreign(verdict: Verdict) -> bool:
+    return Warn.FOREIGN_GPU_PROCESS.value in verdict.warnings
+
+
+def foreign_gpu_line(verdicts: Sequence[Verdict]) -> str:
+    """"" when no verdict was timed beside a foreign GPU process; else what a reader of the fast_p tables must know."""
+    count = sum(1 for v in verdicts if timed_beside_foreign(v))
+    if not count:
+        return ""
+    return (f"foreign_gpu_process: {count} verdict(s) were timed while a process not kbverify's own held the GPU; "
+            f"their speedups are not counted in fast_p (a lower bound). Time them again on an idle GPU.")
 
 
 def samples_rule(protocol: str) -> str:
@@ -606,6 +623,8 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
     out = [f"# {summary['title']}", ""]
     if _degraded(summary):
         out += [f"**{_DEGRADED}**", ""]
+    if summary.get("foreign_gpu"):
+        out += [f"**{summary['foreign_gpu']}**", ""]
     n_claims, unverifiable = summary["claimed"]["n"], summary["unverifiable"]
     out += [f"{len(summary['verdicts'])} verdicts under {', '.join(summary['protocols']) or 'no protocol'}; "
             f"{n_claims} claimed speedups (mean {_x(summary['claimed']['mean'])}); "
@@ -745,6 +764,7 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
              f'<p class="lead">{len(summary["verdicts"])} verdicts · protocols '
              f'{_h(", ".join(summary["protocols"]) or "none")} · kbverify {_h(summary["kbverify_version"])}</p>',
              *([f'<p class="alert">{_h(_DEGRADED)}</p>'] if _degraded(summary) else []),
+             *([f'<p class="alert">{_h(summary["foreign_gpu"])}</p>'] if summary.get("foreign_gpu") else []),
              _cards(summary)]
 
     parts.append("<h2>fast_p</h2><p class=\"muted\">Share of all tasks that are correct and faster than p× "

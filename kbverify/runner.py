@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbverify import provenance as provenance_module
-from kbverify import stats, timing_control, toolchain
+from kbverify import gpu_processes, stats, timing_control, toolchain
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
@@ -74,6 +74,7 @@ class _Context:
     env: dict = field(default_factory=dict)
     worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
     isolation: dict = field(default_factory=dict)  # "isolated" / "degraded" → why, from every submission worker
+    gpu_checks: list = field(default_factory=list)  # kbverify.gpu_processes.check records around the timing
 
 
 def default_build_cache() -> Path:
@@ -101,6 +102,7 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
         verdict = _check_isolated(context, margin_cache)
     else:
         verdict = _check_kernelbench(context)
+    verdict = _with_gpu_checks(context, verdict)
     isolation, reason = _isolation(context)
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
@@ -115,6 +117,22 @@ def _isolation(context: _Context) -> tuple[str, str]:
     if "isolated" in context.isolation:
         return "isolated", context.isolation["isolated"]
     return "degraded", "no process reported how it was confined"
+
+
+def _look_at_gpu(context: _Context, when: str) -> None:
+    """Which compute processes hold the device, right before a timing worker starts or after the last ended."""
+    context.gpu_checks.append(gpu_processes.check(context.options.device, when))
+
+
+def _with_gpu_checks(context: _Context, verdict: Verdict) -> Verdict:
+    """A timed verdict carries what the looks at its device found, and is flagged where a foreign process held it
+    (its speedup then does not count in fast_p: kbverify.report.score_rows_from_verdicts) or where a GPU went
+    unchecked."""
+    if not verdict.timing or not context.gpu_checks:
+        return verdict
+    warnings = list(verdict.warnings) + gpu_processes.warnings_for(context.gpu_checks, context.options.device)
+    return dataclasses.replace(verdict, timing={**verdict.timing, "gpu_processes": list(context.gpu_checks)},
+                               warnings=tuple(dict.fromkeys(warnings)))
 
 
 def _note_child(context: _Context, job: str, outcome: ChildOutcome) -> None:
@@ -290,7 +308,9 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    _look_at_gpu(context, "before")  # this one job checks and times
     evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common))
+    _look_at_gpu(context, "after")
     if evaluation.died:
         status, detail = _died(evaluation, "candidate", context.options.device)
         return _base_verdict(context, status, message=detail,
@@ -433,6 +453,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    _look_at_gpu(context, "before")
     timed = _run(context, "kernelbench_candidate_timing", _payload(context, **common))
     if timed.died or "runtime_ms" not in (timed.result or {}):
         if timed.died:
@@ -441,6 +462,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
             status, detail = Status.RUNTIME_ERROR, timed.result["error"]
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
+    _look_at_gpu(context, "after")
     if baseline.died or "runtime_ms" not in (baseline.result or {}):
         return dataclasses.replace(verdict, status=Status.UNVERIFIABLE, message="the reference could not be timed")
     ref_ms, cand_ms = baseline.result["runtime_ms"], timed.result["runtime_ms"]
@@ -604,6 +626,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
                        candidate_grad_enabled=protocol.candidate_grad_enabled)
+    _look_at_gpu(context, "before")
     timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
                             target=protocol.ci_half_width)
     if timed.died:
@@ -639,6 +662,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                                               budget_s=max(0.5, protocol.timing_budget_s / 2),
                                               target=protocol.ci_half_width, check=False)
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
+    _look_at_gpu(context, "after")
     margin = _noise_margin(context, clean, margin_cache)
     timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
               "device": context.options.device}

@@ -77,6 +77,7 @@ class ScoreRequest:
 
 def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_tests: Path | None, only: str | None,
           min_speedup: float | None, secret: str | None, timeout: float) -> CheckRequest:
+    sandbox_settings()
     protocols = tuple(parse_protocols(protocol))
     timeout_s = seconds(timeout, "--timeout")
     device = device_name(device)
@@ -98,6 +99,7 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
             select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None) -> RescoreRequest:
     from kbverify.importers import FORMATS
 
+    sandbox_settings()
     existing(source, "the source", "a run folder or a JSONL file")
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -136,6 +138,7 @@ def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exc
 
 
 def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_tests: Path | None) -> None:
+    sandbox_settings()
     existing(tasks, "the tasks", "a task file or folder")
     load_task_dir(tasks)
     parse_protocols(protocol)
@@ -174,6 +177,16 @@ def hidden_generate(*, tasks: Path, out: Path) -> None:
 
 
 # --- options --------------------------------------------------------------------------------------------------------
+
+def sandbox_settings() -> None:
+    """The environment the sandbox reads when it starts a worker (kbverify.confine)."""
+    from kbverify import confine
+
+    try:
+        confine.tmpfs_size()
+    except ValueError as error:
+        raise InputError(str(error)) from None
+
 
 def seconds(value: float, option: str) -> float:
     if not math.isfinite(value) or value < MIN_TIMEOUT_S:

@@ -247,3 +247,44 @@ def test_nothing_outlives_a_killed_check(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+FORGES_PROVENANCE = """
+import torch
+import torch.nn as nn
+
+# What a worker that ran this would report of the machine: a newer torch, another CUDA, another GPU.
+torch.__version__ = "9.9.9+forged"
+torch.version.cuda = "99.9"
+torch.cuda.get_device_name = lambda *args, **kwargs: "NVIDIA H900 (forged)"
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+"""
+
+
+def test_a_submission_cannot_forge_the_verdicts_provenance(tmp_path):
+    """The versions on a verdict come from a probe worker that ran no submission code, not from the last worker
+    (under `original` that is the one job, which ran the submission)."""
+    import torch
+
+    from kbverify.protocols import ORIGINAL
+    from kbverify.runner import CheckOptions, check
+    from kbverify.submissions import load_submission
+    from kbverify.tasks import load_task
+
+    submission = tmp_path / "forges.py"
+    submission.write_text(FORGES_PROVENANCE)
+    verdict = check(load_task(REPO / "tasks/basic/level1/1_ReLU.py"), load_submission(submission), ORIGINAL,
+                    CheckOptions(device="cpu", timeout_s=120.0))
+    assert verdict.status.value == "passed", verdict.message
+    assert verdict.provenance["torch"] == torch.__version__, verdict.provenance
+    assert verdict.provenance["cuda"] == torch.version.cuda
+    assert "forged" not in json.dumps(verdict.provenance)
+    # a timing on a CPU says its device was not checked for other processes, and is not flagged for it
+    looks = verdict.timing["gpu_processes"]
+    assert [look["when"] for look in looks] == ["before", "after"]
+    assert all(look["checked"] is False and "not a GPU" in look["reason"] for look in looks)
+    assert "gpu_processes_unchecked" not in verdict.warnings

@@ -428,20 +428,45 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
 _IPC_MAGIC = b"KBV-CUDA-IPC\n"
 
 
-def _read_regular(path: str) -> bytes:
-    """A hand-over file's bytes, read only if it is a plain file: the folder is the candidate's to write, and a
-    link or a FIFO planted there must not make the judge read elsewhere or wait for ever."""
+# What a judge reads of a candidate's hand-over is bounded by what the reference's outputs can be: every element
+# the reference returns, twice over (a candidate output of another shape is read, so that it is judged a shape
+# mismatch), at 8 bytes (float64) or the reference's own element size where wider, plus the container's own bytes.
+# A larger file (a sparse one costs its writer nothing) is the candidate's failure, and is never read.
+HANDOVER_ELEMENT_FACTOR = 2
+HANDOVER_CONTAINER_BYTES = 16 << 20
+
+
+def handover_limit(reference: list) -> int:
+    return HANDOVER_CONTAINER_BYTES + HANDOVER_ELEMENT_FACTOR * sum(
+        t.numel() * max(t.element_size(), 8) for t in reference if isinstance(t, torch.Tensor))
+
+
+def _read_regular(path: str, limit_bytes: int) -> bytes:
+    """A hand-over file's bytes, read only if it is a plain file of at most `limit_bytes`: the folder is the
+    candidate's to write, and a link or a FIFO planted there must not make the judge read elsewhere or wait for
+    ever, nor a huge file exhaust its memory (it may still grow while read: no more than the limit is read)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise ValueError("the hand-over is not a plain file")
+        if status.st_size > limit_bytes:
+            raise ValueError(_too_large(status.st_size, limit_bytes))
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read()
+            data = handle.read(limit_bytes + 1)
+        if len(data) > limit_bytes:
+            raise ValueError(_too_large(len(data), limit_bytes))
+        return data
     finally:
         os.close(fd)
 
 
-def _load_ipc(data: bytes) -> list:
+def _too_large(size: int, limit_bytes: int) -> str:
+    return (f"the hand-over holds {size} bytes, more than the reference's outputs allow ({limit_bytes} bytes): "
+            "refused unread")
+
+
+def _load_ipc(data: bytes, limit_bytes: int) -> list:
     """Rebuild shared CUDA tensors from a candidate's IPC handles, allowing no other code to run (the file comes
     from untrusted code), and copy them at once."""
     import pickle
@@ -462,6 +487,9 @@ def _load_ipc(data: bytes) -> list:
     shared = Restricted(io.BytesIO(data[len(_IPC_MAGIC):])).load()
     if not isinstance(shared, list) or not all(type(t) is torch.Tensor for t in shared):
         raise ValueError("an IPC hand-over holds a list of tensors")
+    size = sum(t.numel() * t.element_size() for t in shared)  # what the clones below take
+    if size > limit_bytes:
+        raise ValueError(_too_large(size, limit_bytes))
     return [t.clone() for t in shared]
 
 
@@ -483,15 +511,19 @@ def _discard(outdir: str, set_id: str) -> None:
             pass
 
 
-def take_output(outdir: str, set_id: str, device):
-    """The candidate's output for a set (None if it produced none), removing it so the candidate may go on."""
+def take_output(outdir: str, set_id: str, device, limit_bytes: int):
+    """The candidate's output for a set (None if it produced none), removing it so the candidate may go on. A
+    hand-over over `limit_bytes` (handover_limit of the reference's outputs) raises ValueError, unread; with a
+    limit of 0 nothing is read and None returned (a set whose output is not used)."""
     path, skip = _output_path(outdir, set_id), _skip_path(outdir, set_id)
     while True:
         if os.path.lexists(path):
             try:
-                data = _read_regular(path)
+                if limit_bytes == 0:
+                    return None
+                data = _read_regular(path, limit_bytes)
                 if data.startswith(_IPC_MAGIC):
-                    outputs = _load_ipc(data)
+                    outputs = _load_ipc(data, limit_bytes)
                     torch.cuda.synchronize()
                     return outputs
                 return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
@@ -538,7 +570,7 @@ def judge_job(payload: dict) -> dict:
                 break
         if not record["sets"][set_id].get("valid"):
             try:
-                take_output(outdir, set_id, "cpu")  # unused, but the candidate waits until it is taken
+                take_output(outdir, set_id, "cpu", 0)  # unused, unread, but the candidate waits until it is taken
             except Exception:  # noqa: BLE001 - whatever the candidate left there is its own, never the judge's fault
                 _discard(outdir, set_id)
     return record
@@ -577,7 +609,7 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
         set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
         del baseline
     try:
-        candidate = take_output(outdir, input_set["set_id"], device)
+        candidate = take_output(outdir, input_set["set_id"], device, handover_limit(reference))
         if candidate is not None:
             entry["comparison"] = summarize(reference, candidate)
             if truth is not None:
