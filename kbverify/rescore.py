@@ -78,7 +78,7 @@ def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
                    submission=entry.entry_id,
                    submission_sha256=entry.submission.sha256 if entry.submission else "", protocol=protocol.name,
                    protocol_sha256=protocol.sha256, status=Status.UNVERIFIABLE, message=entry.unverifiable or "",
-                   claimed_speedup=entry.claimed_speedup, sample=entry.sample)
+                   claimed_speedup=entry.claimed_speedup, sample=entry.sample, labels=dict(entry.labels))
 
 
 def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None,
@@ -201,7 +201,8 @@ def planned_unit(unit: Unit) -> dict:
     # tell a second version of one unit from another unit (`Store.refuse_conflicts`).
     return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": task_label(entry_task_name(unit.entry),
                                                                                          level),
-            "level": level, "sample": unit.entry.sample, "protocol": unit.protocol.name}
+            "level": level, "sample": unit.entry.sample, "protocol": unit.protocol.name,
+            "labels": dict(unit.entry.labels)}
 
 
 class _LockedCache:
@@ -228,7 +229,7 @@ def evaluate_unit(unit: Unit, options: CheckOptions, store: Store | None = None,
                                    claimed_speedup=entry.claimed_speedup, margin_cache=cache)
     except TaskError as error:  # the task's problem: no verdict on the kernel, its claim stays unverified
         return dataclasses.replace(unverifiable_verdict(entry, unit.protocol), message=str(error))
-    verdict = dataclasses.replace(verdict, submission=entry.entry_id)
+    verdict = dataclasses.replace(verdict, submission=entry.entry_id, labels=dict(entry.labels))
     if entry.modified_reference:
         verdict = dataclasses.replace(verdict, warnings=verdict.warnings + (Warn.MODIFIED_REFERENCE.value,))
     return verdict
