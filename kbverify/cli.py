@@ -96,6 +96,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             exclude_degenerate: Optional[Path] = typer.Option(
                 None, "--exclude-degenerate", help="an audit JSON: its degenerate tasks leave the fast_p tables"),
             group_by: Optional[str] = typer.Option(None, "--group-by", help="a field of the JSONL's rows (e.g. model): tables per group"),
+            executor: str = typer.Option("local", "--executor", help="local, or ray (units as Ray tasks, one GPU each)"),
+            ray_address: Optional[str] = typer.Option(None, "--ray-address", help="the Ray cluster (default: $RAY_ADDRESS)"),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
@@ -106,7 +108,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     request = validate.rescore(source=source, fmt=format, tasks=tasks, store=store, protocol=protocol,
                                samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
                                timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
-                               exclude_degenerate=exclude_degenerate, group_by=group_by)
+                               exclude_degenerate=exclude_degenerate, group_by=group_by, executor=executor,
+                               ray_address=ray_address)
     with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
                                    protocols=request.protocols, samples=request.samples,
@@ -114,7 +117,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                    hidden_dirs=request.hidden_dirs, timeout_s=request.timeout_s,
                                    limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
                                    select=request.select, exclude_path=request.exclude_path,
-                                   group_by=request.group_by)
+                                   group_by=request.group_by, executor=request.executor,
+                                   ray_address=request.ray_address)
     if json_out:
         _emit(summary)
     else:

@@ -78,12 +78,14 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
                 protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
-                exclude_path: Path | None = None, group_by: str | None = None) -> dict:
+                exclude_path: Path | None = None, group_by: str | None = None, executor: str = "local",
+                ray_address: str | None = None) -> dict:
     """`device`: auto, cpu, cuda or cuda:N. `exclude_path`: an audit whose degenerate tasks leave the printed
     fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
     and the store can be refused for is checked before the first worker starts. `progress` hears of each phase
     and finished unit (`kbverify.progress`). `group_by`: a label (`kbverify.labels`) whose groups get side-by-side
-    tables (`kbverify.leaderboard`), printed and in the reports."""
+    tables (`kbverify.leaderboard`), printed and in the reports. `executor`: `local` (this machine's devices) or
+    `ray` (`kbverify.ray_executor`, the cluster at `ray_address`, else RAY_ADDRESS, else a local one)."""
     from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
@@ -96,17 +98,27 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         require_field(group_by, [dict(entry.labels) for entry in plan.entries], str(source))
     units = plan_units(plan.entries, plan.protocols)
     _refuse_store_conflicts(store_path, units)
+    if executor == "ray":
+        from kbverify.ray_executor import require_ray
+
+        require_ray()
     from kbverify.sandbox import start_early
 
     start_early(timing=True)  # the input is sound: the worker server's torch import overlaps what follows
     device = resolve_device(device)
     options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
-    devices = _devices_for(device)
+    chosen = None
+    if executor == "ray":
+        from kbverify.ray_executor import RayExecutor
+
+        chosen, devices = RayExecutor(options, address=ray_address, allow_mixed=allow_mixed), [device]
+    else:
+        devices = _devices_for(device)
     with Store(store_path) as store:
         arguments = {"source": str(source), "protocols": [p.name for p in plan.protocols],
-                     "allow_mixed": allow_mixed}
+                     "allow_mixed": allow_mixed, "executor": executor}
         summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                          options=options, progress=progress, arguments=arguments)
+                          options=options, progress=progress, arguments=arguments, executor=chosen)
         runs = store.runs()
         # This source's units only: a store may also hold other runs' verdicts.
         planned = {unit.key for unit in units}

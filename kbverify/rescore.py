@@ -142,8 +142,9 @@ class Sink:
     resumes), infrastructure errors into the summary, progress to the caller. Thread-safe."""
 
     def __init__(self, store: Store, run_id: str, todo: list[Unit], resumed: int,
-                 progress: Callable[[Progress], None] | None, workers: int, device: str):
+                 progress: Callable[[Progress], None] | None, workers: int, device: str, compat_key: str = ""):
         self.store, self.run_id, self.progress = store, run_id, progress
+        self.compat_key = compat_key  # the run's machine and software (`kbverify.provenance.compat_key`)
         self.lock = threading.Lock()
         self.total, self.resumed, self.workers, self.device = len(todo), resumed, workers, device
         self.done = 0
@@ -212,6 +213,9 @@ class LocalExecutor:
     @property
     def workers(self) -> int:
         return len(self.devices)
+
+    def provenance(self, device: str) -> dict:
+        return provenance_module.collect(device)
 
     def run(self, units: list[Unit], sink: Sink) -> None:
         ready: queue.Queue = queue.Queue()
@@ -288,28 +292,30 @@ class LocalExecutor:
 def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
             options: CheckOptions, progress: Callable[[Progress], None] | None = None,
             build_workers: int | None = None, arguments: dict | None = None, executor=None) -> RescoreSummary:
-    """Every planned unit not yet in `store`, run by `executor` (default: `LocalExecutor` on `devices`; any
-    object with `workers` and `run(units, sink)`, e.g. `kbverify.ray_executor.RayExecutor`). `build_workers`
-    caps the local executor's parallel builds."""
+    """Every planned unit not yet in `store`, run by `executor`: by default a `LocalExecutor` on `devices`; any
+    object with `workers`, `provenance(device)` (the machine the run is for) and `run(units, sink)` will do, e.g.
+    `kbverify.ray_executor.RayExecutor`. `build_workers` caps the local executor's parallel builds."""
     started = time.monotonic()
     units = plan_units(entries, protocols)
     if progress:  # before the machine is probed for provenance: that can take seconds on a GPU host
         progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices)))
+    if executor is None:
+        plan = default_build_plan(len(devices))
+        if build_workers:
+            plan = dataclasses.replace(plan, parallel_builds=min(plan.parallel_builds, build_workers))
+        executor = LocalExecutor(devices, options, plan)
     # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
     planned = {unit.key: planned_unit(unit) for unit in units}
-    store.begin_run(run_id, provenance_module.collect(devices[0]), {**(arguments or {}), "planned_units": planned},
+    provenance = executor.provenance(devices[0])
+    store.begin_run(run_id, provenance, {**(arguments or {}), "planned_units": planned},
                     allow_mixed=bool((arguments or {}).get("allow_mixed")))
     todo = [unit for unit in units if not store.has(unit.key)]
     resumed = len(units) - len(todo)
     for unit in [u for u in todo if not u.entry.verifiable]:
         store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
     todo = [u for u in todo if u.entry.verifiable]
-    if executor is None:
-        plan = default_build_plan(len(devices))
-        if build_workers:
-            plan = dataclasses.replace(plan, parallel_builds=min(plan.parallel_builds, build_workers))
-        executor = LocalExecutor(devices, options, plan)
-    sink = Sink(store, run_id, todo, resumed, progress, executor.workers, devices[0])
+    sink = Sink(store, run_id, todo, resumed, progress, executor.workers, devices[0],
+                provenance_module.compat_key(provenance))
     executor.run(todo, sink)
     if sink.failures:
         # Finished units are in the store; a rerun resumes after the fix.

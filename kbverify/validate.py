@@ -62,6 +62,8 @@ class RescoreRequest:
     allow_mixed: bool
     exclude_path: Path | None
     group_by: str | None = None
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_te
 def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol: str, samples: str,
             report_dir: Path | None, device: str, hidden_tests: Path | None, timeout: float, limit: int | None,
             select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None,
-            group_by: str | None = None) -> RescoreRequest:
+            group_by: str | None = None, executor: str = "local", ray_address: str | None = None) -> RescoreRequest:
     from kbverify.importers import FORMATS
 
     existing(source, "the source", "a run folder or a JSONL file")
@@ -119,7 +121,8 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
                           samples=sample_rule(samples), report_dir=report_dir, device=device_name(device),
                           hidden_dirs=hidden_folders(hidden_tests), timeout_s=seconds(timeout, "--timeout"),
                           limit=limit, select=select, allow_mixed=allow_mixed, exclude_path=exclude_degenerate,
-                          group_by=group_field(group_by))
+                          group_by=group_field(group_by), executor=executor_name(executor, ray_address),
+                          ray_address=ray_address)
 
 
 def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exclude_degenerate: Path | None,
@@ -201,6 +204,24 @@ def device_name(device: str) -> str:
     if not _DEVICE.match(device):
         raise InputError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
     return device
+
+
+EXECUTORS = ("local", "ray")
+
+
+def executor_name(executor: str, ray_address: str | None) -> str:
+    """`--executor local|ray`; ray must be importable (an optional extra), and `--ray-address` goes with it."""
+    if executor not in EXECUTORS:
+        raise InputError(f"--executor {executor!r}: use local or ray")
+    if ray_address is not None and executor != "ray":
+        raise InputError("--ray-address goes with --executor ray")
+    if ray_address is not None and not ray_address.strip():
+        raise InputError("--ray-address: give the cluster's address, e.g. ray://head:10001 or auto")
+    if executor == "ray":
+        from kbverify.ray_executor import require_ray
+
+        require_ray()
+    return executor
 
 
 def group_field(field: str | None) -> str | None:
