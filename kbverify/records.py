@@ -76,6 +76,9 @@ class Verdict:
     # kbverify confined submission code read "degraded".
     isolation: str = "degraded"
     isolation_reason: str = "recorded before submission code was confined"
+    # The entry's labels (`kbverify.labels`: a generic JSONL's extra fields, e.g. {"model": "gpt-4o"}): part of
+    # what tells two verdicts of one task and sample apart, and what `--group-by` splits the tables by.
+    labels: dict = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:

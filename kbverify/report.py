@@ -35,15 +35,22 @@ P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
 # --- summary -------------------------------------------------------------------------------------------------------
 
 def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", provenance: dict | None = None,
-              samples: str | None = None) -> dict:
+              samples: str | None = None, group_by: str | None = None) -> dict:
     """Everything the reports show, as JSON-ready data.
 
     `samples` (first | best) picks one sample per task for every protocol; None uses each protocol's own rule
-    (KernelBench scores the first sample, KernelBench-Verified the best).
+    (KernelBench scores the first sample, KernelBench-Verified the best). `group_by`: a label whose groups get a
+    leaderboard (`kbverify.leaderboard`) under the key `leaderboard`.
     """
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
     by_protocol = {name: [v for v in verdicts if v.protocol == name] for name in protocols}
+    board = None
+    if group_by is not None:
+        from kbverify.leaderboard import board_from_verdicts
+
+        board = board_from_verdicts(verdicts, group_by, P_VALUES, samples=samples)
     return {
+        "leaderboard": board,
         "title": title,
         "kbverify_version": __version__,
         "p_values": list(P_VALUES),
@@ -149,7 +156,7 @@ def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
     return [ScoreRow(task=task_label(v.task_name, v.level), level=v.level,
                      sample=v.sample, correct=v.correct, speedup=None if timed_beside_foreign(v) else v.speedup,
                      speedup_ci_low=v.speedup_ci[0] if v.speedup_ci and not timed_beside_foreign(v) else None,
-                     claimed_speedup=v.claimed_speedup)
+                     claimed_speedup=v.claimed_speedup, labels=tuple(sorted(v.labels.items())))
             for v in verdicts]
 
 
@@ -382,13 +389,14 @@ def _level_name(level: int | None) -> str:
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 def write_reports(verdicts: Sequence[Verdict], out_dir: str | Path, *, title: str = "kbverify report",
-                  provenance: dict | None = None, samples: str | None = None) -> dict[str, Path]:
+                  provenance: dict | None = None, samples: str | None = None,
+                  group_by: str | None = None) -> dict[str, Path]:
     """Write report.json, report.md and report.html into `out_dir`; returns their paths by format.
 
-    `samples` as in `summarize`. Nothing is written unless the whole summary could be computed.
+    `samples` and `group_by` as in `summarize`. Nothing is written unless the whole summary could be computed.
     """
     out_dir = Path(out_dir)
-    summary = summarize(verdicts, title=title, provenance=provenance, samples=samples)
+    summary = summarize(verdicts, title=title, provenance=provenance, samples=samples, group_by=group_by)
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = {
         "json": json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n",
@@ -635,6 +643,10 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
             "offset), not only the run's own noise.", ""]
     out += [_md_table(*_fast_p_header(summary)), "", _md_table(*_overview_rows(summary)), ""]
     out += ["## Per level", "", _md_table(*_level_rows(summary)), ""]
+    if summary.get("leaderboard"):
+        from kbverify.leaderboard import render_markdown as leaderboard_markdown
+
+        out += [leaderboard_markdown(summary["leaderboard"])]
     out += ["## Status changes between protocols", ""]
     if summary["status_changes"]:
         out += [f"- {label}: {count}" for label, count in _transition_counts(summary)]
@@ -784,6 +796,10 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
     parts.append("<h2>Per level</h2>")
     header, rows = _level_rows(summary)
     parts.append(_html_table(header, rows, numeric=set(range(2, len(header)))))
+    if summary.get("leaderboard"):
+        from kbverify.leaderboard import render_html as leaderboard_html
+
+        parts.append(leaderboard_html(summary["leaderboard"]))
 
     parts.append("<h2>Status changes between protocols</h2>")
     if summary["status_changes"]:

@@ -62,6 +62,7 @@ class CheckOptions:
     measure_speed: bool = True
     build_cache: Path | None = None
     keep_workdirs: bool = False
+    max_jobs: int | None = None  # compiler processes per native build (MAX_JOBS); None: $MAX_JOBS, else every core
 
 
 @dataclass
@@ -86,7 +87,7 @@ def build_env(submission: Submission, options: CheckOptions) -> dict:
     root = (options.build_cache or default_build_cache()) / submission.sha256[:20]
     root.mkdir(parents=True, exist_ok=True)
     env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
-           "MAX_JOBS": os.environ.get("MAX_JOBS", str(max(1, os.cpu_count() or 1)))}
+           "MAX_JOBS": str(options.max_jobs or os.environ.get("MAX_JOBS") or max(1, os.cpu_count() or 1))}
     if not options.device.startswith("cuda"):
         env["TRITON_INTERPRET"] = "1"
     return env
