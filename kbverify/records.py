@@ -20,7 +20,7 @@ class SetResult:
     set_id: str  # "<shape>/<distribution>/<weights>/<seed index>", stable across runs of one protocol
     shape: str  # "original" or "hidden:<n>"
     distribution: str
-    weights: str  # "default" | "rerandomized"
+    weights: str  # "default" | "rerandomized" | "loaded"
     seed: int
     valid: bool  # False: the reference itself raised or went non-finite; never counted against a kernel
     status: Status

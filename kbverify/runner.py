@@ -512,7 +512,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         return Status.UNVERIFIABLE, "not run"
     if "skipped" in cand:
         reason = cand["skipped"]
-        if reason.startswith("construct_error"):
+        if reason.startswith(("construct_error", "weights_load_refused")):
+            # the candidate's own code raised: building it, or loading Model's weights laid out as its own
             return Status.RUNTIME_ERROR, reason
         if reason.startswith("weights_layout_changed"):
             return Status.INCORRECT, reason
