@@ -614,6 +614,11 @@ def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, s
         return Status.PASSED, message, first
     status = worst(s.status for s in failures)
     first = next(s for s in failures if s.status is status)
+    if all(s.weights == "loaded" for s in failures) and any(s.weights != "loaded" for s in counted):
+        # right with the weights it was built with, wrong once a user loads others: a copy derived from the
+        # weights once (prepacked, folded) and never again. Named so that a reader can tell it from a wrong kernel.
+        return status, (f"stale_after_load: right with the weights given at construction, wrong with weights loaded "
+                        f"afterwards by load_state_dict; {first.set_id}: {first.detail}"), first
     return status, f"{first.set_id}: {first.detail}", first
 
 
