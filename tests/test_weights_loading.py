@@ -124,7 +124,7 @@ def test_rejudge_keeps_the_load_state_dict_sets_where_the_protocol_asks_for_them
     assert not _wanted(_set("loaded", "x1"), KBV)
 
 
-def _set(weights: str, status: Status) -> SetResult:
+def _judged_set(weights: str, status: Status) -> SetResult:
     return SetResult(set_id=f"original/x1/{weights}/s0", shape="original", distribution="x1", weights=weights,
                      seed=0, valid=True, status=status, detail="norm-wise error 0.3")
 
@@ -132,9 +132,9 @@ def _set(weights: str, status: Status) -> SetResult:
 def test_a_kernel_wrong_only_on_loaded_weights_is_named_stale_after_load():
     from kbverify.runner import aggregate_sets
 
-    status, message, _ = aggregate_sets([_set("default", Status.PASSED), _set("rerandomized", Status.PASSED),
-                                         _set("loaded", Status.INCORRECT)], VERIFIED)
+    status, message, _ = aggregate_sets([_judged_set("default", Status.PASSED), _judged_set("rerandomized", Status.PASSED),
+                                         _judged_set("loaded", Status.INCORRECT)], VERIFIED)
     assert status is Status.INCORRECT and message.startswith("stale_after_load")
-    status, message, _ = aggregate_sets([_set("default", Status.INCORRECT), _set("loaded", Status.INCORRECT)],
+    status, message, _ = aggregate_sets([_judged_set("default", Status.INCORRECT), _judged_set("loaded", Status.INCORRECT)],
                                         VERIFIED)
     assert status is Status.INCORRECT and not message.startswith("stale_after_load")
