@@ -104,6 +104,9 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             exclude_degenerate: Optional[Path] = typer.Option(
                 None, "--exclude-degenerate", help="an audit JSON: its degenerate tasks leave the fast_p tables"),
             clock: str = typer.Option("device", "--clock", help=CLOCK_HELP),
+            group_by: Optional[str] = typer.Option(None, "--group-by", help="a field of the JSONL's rows (e.g. model): tables per group"),
+            executor: str = typer.Option("local", "--executor", help="local, or ray (units as Ray tasks, one GPU each)"),
+            ray_address: Optional[str] = typer.Option(None, "--ray-address", help="the Ray cluster (default: $RAY_ADDRESS)"),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
@@ -114,7 +117,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
     request = validate.rescore(source=source, fmt=format, tasks=tasks, store=store, protocol=protocol,
                                samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
                                timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
-                               exclude_degenerate=exclude_degenerate)
+                               exclude_degenerate=exclude_degenerate, group_by=group_by, executor=executor,
+                               ray_address=ray_address)
     validate.clock(clock)
     with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
@@ -122,7 +126,9 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                    report_dir=request.report_dir, device=request.device,
                                    hidden_dirs=request.hidden_dirs, timeout_s=request.timeout_s,
                                    limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
-                                   select=request.select, exclude_path=request.exclude_path, clock=clock)
+                                   select=request.select, exclude_path=request.exclude_path,
+                                   group_by=request.group_by, executor=request.executor,
+                                   ray_address=request.ray_address, clock=clock)
     if json_out:
         _emit(summary)
     else:
@@ -139,16 +145,18 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
           exclude_degenerate: Optional[Path] = typer.Option(None, "--exclude-degenerate"),
           samples: Optional[str] = typer.Option(None, "--samples", help="first or best (default: each protocol's own)"),
           clock: str = typer.Option("device", "--clock", help=CLOCK_HELP),
+          group_by: Optional[str] = typer.Option(None, "--group-by", help="a field of the JSONL's rows (e.g. model): tables per group"),
           json_out: bool = typer.Option(False, "--json")):
     """fast_p from stored verdicts, a score JSONL, or KernelBench's own files."""
     _setup_logging(False)
     from kbverify import jobs, validate
 
     request = validate.score(source=source, baseline=baseline, level=level, p=p,
-                             exclude_degenerate=exclude_degenerate, samples=samples)
+                             exclude_degenerate=exclude_degenerate, samples=samples, group_by=group_by)
     validate.clock(clock)
     result = jobs.run_score(request.source, baseline=request.baseline, level=request.level, ps=request.ps,
-                            exclude_path=request.exclude_path, samples=request.samples, clock=clock)
+                            exclude_path=request.exclude_path, samples=request.samples, group_by=request.group_by,
+                            clock=clock)
     if json_out:
         _emit(result["json"])
     else:
@@ -195,14 +203,15 @@ def hidden_generate(tasks: Path = typer.Argument(...), out: Path = typer.Option(
 
 @app.command()
 def report(store: Path = typer.Argument(...), out: Path = typer.Option(..., "--out"),
+           group_by: Optional[str] = typer.Option(None, "--group-by", help="a field of the JSONL's rows (e.g. model): tables per group"),
            clock: str = typer.Option("device", "--clock", help=CLOCK_HELP)):
     """Write report.json, report.md and report.html from a store."""
     _setup_logging(False)
     from kbverify import jobs, validate
 
-    validate.report(store=store, out=out)
+    field = validate.report(store=store, out=out, group_by=group_by)
     validate.clock(clock)
-    result = jobs.run_report(store, out, clock=clock)
+    result = jobs.run_report(store, out, group_by=field, clock=clock)
     sys.stdout.write(result["text"])
     if not result["complete"]:
         raise typer.Exit(3)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 
 CLONE_NEWNS = 0x00020000
@@ -30,6 +31,12 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
 PRIVATE_TMP = "/tmp"
 DISABLE_ENV = "KBVERIFY_SANDBOX"  # "off": run submission code unconfined, and every verdict says so
+# The private temporary folders and /dev/shm are memory (tmpfs): each is bounded, so a job that fills them fails
+# with ENOSPC (its own failure) instead of taking the machine's memory. Bytes with k/m/g, or a share of RAM ("5%").
+TMPFS_SIZE_ENV = "KBVERIFY_TMPFS_SIZE"
+TMPFS_DEFAULT_CAP = 2 << 30  # the default: this, or an eighth of the machine's memory where that is less
+TMPFS_INODES = 262144  # each file costs kernel memory that `size` does not count
+_TMPFS_SIZE = re.compile(r"^(?:[1-9]\d*[kmgKMG]?|[1-9]\d?%)$")
 
 _libc = None
 
@@ -67,13 +74,29 @@ def switched_off() -> bool:
     return os.environ.get(DISABLE_ENV, "").lower() in ("off", "0", "no")
 
 
+def tmpfs_size() -> str:
+    """The size= of each private tmpfs, from KBVERIFY_TMPFS_SIZE or the default; read by the parent when it starts
+    a worker. ValueError names the variable and what it accepts."""
+    given = os.environ.get(TMPFS_SIZE_ENV, "").strip()
+    if not given:
+        try:
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            memory = 8 * TMPFS_DEFAULT_CAP
+        return str(max(64 << 20, min(TMPFS_DEFAULT_CAP, memory // 8)))
+    if not _TMPFS_SIZE.match(given):
+        raise ValueError(f"{TMPFS_SIZE_ENV}={given!r}: give a size in bytes with an optional k, m or g (512m, 2g) "
+                         "or a share of the machine's memory below 100% (5%)")
+    return given
+
+
 SANDBOX_UID_BASE = 200000  # one uid per supervisor above this: no file, key or process of anyone else's
 
 
-def enter(writable: list[str], stage: str, *, off: bool = False) -> Confinement:
+def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = "") -> Confinement:
     """In the supervisor, before it forks: new namespaces and the mount view its next child will have. `stage` is
     an empty folder of the parent's on which the private temporary folders are built; `writable` the host folders
-    that stay writable (at their own paths). Returns how far it got; never half-applies a view without saying so."""
+    that stay writable (at their own paths); `tmpfs` the size= of each private tmpfs. Returns how far it got; never half-applies a view without saying so."""
     if off:
         return Confinement("degraded", f"switched off by {DISABLE_ENV}=off")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
@@ -87,7 +110,8 @@ def enter(writable: list[str], stage: str, *, off: bool = False) -> Confinement:
     try:
         if user:
             _map_user(uid, gid)
-        _private_view(writable, stage, needed=[] if user else _needed_to_read())
+        _private_view(writable, stage, needed=[] if user else _needed_to_read(),
+                      bound=f"size={tmpfs or tmpfs_size()},nr_inodes={TMPFS_INODES}")
     except OSError as error:
         # The namespaces exist but the view could not be built: nothing confines the job, so say so.
         return Confinement("degraded", f"mount view failed ({error})", new_pid_namespace=True)
@@ -132,9 +156,9 @@ def _needed_to_read() -> list[str]:
     return sorted(os.path.realpath(p) for p in paths)
 
 
-def _private_view(writable: list[str], stage: str, *, needed: list[str]) -> None:
+def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)  # the private temporary folders
     _open_blocked_ancestors(needed + writable, stage)
     roots = _private_roots()
     for index, _ in enumerate(roots):
@@ -154,7 +178,7 @@ def _private_view(writable: list[str], stage: str, *, needed: list[str]) -> None
     for index, root in sorted(enumerate(roots), key=lambda item: stage.startswith(item[1] + "/")):
         _mount(os.path.join(stage, f"root{index}"), root, None, _MS_BIND | _MS_REC)
     if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777," + bound)
 
 
 def _open_blocked_ancestors(paths: list[str], stage: str) -> None:

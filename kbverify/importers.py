@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from kbverify import labels as labels_module
 from kbverify.errors import InputError
+from kbverify.labels import Labels
 from kbverify.references import is_known_reference
 from kbverify.submissions import Submission, make_submission
 from kbverify.tasks import Task, find_task, load_task, parse_task
@@ -52,6 +54,7 @@ class Entry:
     reference_origin: str  # "tasks_dir" | "ref_code" | "jsonl"
     modified_reference: bool | None  # ref_code differs from every known KernelBench version (None: unknown)
     task_ref: str = ""  # the task as the source names it: "level1/19", or the JSONL's task path
+    labels: Labels = ()  # the generic JSONL's extra fields, e.g. (("model", "gpt-4o"),) (`kbverify.labels`)
 
     @property
     def verifiable(self) -> bool:
@@ -399,6 +402,9 @@ def _load_jsonl(path: Path) -> list[Entry]:
     return list(entries.values())
 
 
+JSONL_KEYS = frozenset({"task", "code", "path", "id", "sample", "level", "problem_id", "claimed_speedup", "ref_code"})
+
+
 def _jsonl_entry(row: dict, root: Path, where: str) -> Entry:
     _require(row, ("task",), where)
     if "code" not in row and "path" not in row:
@@ -409,7 +415,10 @@ def _jsonl_entry(row: dict, root: Path, where: str) -> Entry:
     sample = _int_field(row, "sample", where, default=0)
     level = _int_field(row, "level", where, default=_level_from_path(task_path))
     problem_id = _int_field(row, "problem_id", where, default=_problem_id_from_path(task_path))
-    entry_id = row.get("id", f"{Path(row['task']).with_suffix('').as_posix()}/s{sample}")
+    labels = labels_module.from_row(row, JSONL_KEYS, where)
+    # Two models' kernels for one task and sample are two entries: without an id, the labels tell them apart.
+    default_id = f"{Path(row['task']).with_suffix('').as_posix()}/s{sample}"
+    entry_id = row.get("id", f"{labels_module.key(labels)}/{default_id}" if labels else default_id)
     if not isinstance(entry_id, (str, int)) or isinstance(entry_id, bool):
         raise InputError(f"{where}: id must be a string, got {entry_id!r}")
     entry_id = str(entry_id)
@@ -458,7 +467,7 @@ def _jsonl_entry(row: dict, root: Path, where: str) -> Entry:
         entry_id=entry_id, task=task, submission=submission, level=level, problem_id=problem_id, sample=sample,
         claimed_speedup=_speedup_field(row, "claimed_speedup", where),
         unverifiable=code_reason or reason, reference_origin=origin, modified_reference=modified,
-        task_ref=row["task"],
+        task_ref=row["task"], labels=labels,
     )
 
 

@@ -19,7 +19,7 @@ class InputSet:
     set_id: str
     shape: str  # "original" | "hidden:<n>"
     distribution: str
-    weights: str  # "default" | "rerandomized"
+    weights: str  # "default" | "rerandomized" (at construction) | "loaded" (through load_state_dict)
     seed: int  # drives get_inputs() and the per-call RNG reseed
     weight_seed: int
     overrides: dict = field(default_factory=dict)  # the hidden shape's constant values
@@ -52,6 +52,9 @@ def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) ->
                 # at the task's own shapes are enough for that, and every set costs a full run on a big task
                 combinations += [("rerandomized", d) for d in protocol.rerandomized_distributions
                                  if d in protocol.distributions]
+                # and again through load_state_dict after construction: a kernel that looked at the values it
+                # was built with (skipping an affine of ones and zeros, a copy derived once) fails these
+                combinations += [("loaded", d) for d in protocol.loaded_distributions if d in protocol.distributions]
             for weights, distribution in combinations:
                 set_id = f"{shape}/{distribution}/{weights}/s{trial}"
                 plan.append(InputSet(set_id, shape, distribution, weights, seed, weight_seed, dict(overrides)))

@@ -45,7 +45,8 @@ def tables_counting_as_failed(verdicts: list[Verdict], missing: list[dict], ps, 
     tables = {}
     for name in protocols:
         rows = score_rows_from_verdicts([v for v in verdicts if v.protocol == name])
-        rows += [ScoreRow(task=unit["task"], level=unit["level"], sample=unit["sample"], correct=False, speedup=None)
+        rows += [ScoreRow(task=unit["task"], level=unit["level"], sample=unit["sample"], correct=False, speedup=None,
+                          labels=tuple(sorted((unit.get("labels") or {}).items())))
                  for unit in missing if unit["protocol"] == name]
         tables[name] = table_to_dict(score_rows(rows, ps, samples=samples or samples_rule(name), exclude=exclude))
     return tables
@@ -77,36 +78,54 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
                 protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
-                exclude_path: Path | None = None, clock: str = "device") -> dict:
-    """`device`: auto, cpu, cuda or cuda:N. `clock`: which of a verdict's clocks the tables read (kbverify.clocks). `exclude_path`: an audit whose degenerate tasks leave the printed
+                exclude_path: Path | None = None, group_by: str | None = None, executor: str = "local",
+                ray_address: str | None = None, clock: str = "device") -> dict:
+    """`device`: auto, cpu, cuda or cuda:N. `clock`: which of a verdict's clocks the tables read (kbverify.clocks).
+    `exclude_path`: an audit whose degenerate tasks leave the printed
     fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
     and the store can be refused for is checked before the first worker starts. `progress` hears of each phase
-    and finished unit (`kbverify.progress`)."""
+    and finished unit (`kbverify.progress`). `group_by`: a label (`kbverify.labels`) whose groups get side-by-side
+    tables (`kbverify.leaderboard`), printed and in the reports. `executor`: `local` (this machine's devices) or
+    `ray` (`kbverify.ray_executor`, the cluster at `ray_address`, else RAY_ADDRESS, else a local one)."""
     from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
     plan = _plan_rescore(source, fmt=fmt, tasks=tasks, protocols=protocols, samples=samples, limit=limit,
                          select=select, exclude_path=exclude_path, protocol_overrides=protocol_overrides)
+    if group_by is not None:
+        from kbverify.labels import require_field
+
+        require_field(group_by, [dict(entry.labels) for entry in plan.entries], str(source))
     units = plan_units(plan.entries, plan.protocols)
     _refuse_store_conflicts(store_path, units)
+    if executor == "ray":
+        from kbverify.ray_executor import require_ray
+
+        require_ray()
     from kbverify.sandbox import start_early
 
     start_early(timing=True)  # the input is sound: the worker server's torch import overlaps what follows
     device = resolve_device(device)
     options = CheckOptions(device=device, hidden_dirs=tuple(hidden_dirs), timeout_s=timeout_s)
-    devices = _devices_for(device)
+    chosen = None
+    if executor == "ray":
+        from kbverify.ray_executor import RayExecutor
+
+        chosen, devices = RayExecutor(options, address=ray_address, allow_mixed=allow_mixed), [device]
+    else:
+        devices = _devices_for(device)
     with Store(store_path) as store:
         arguments = {"source": str(source), "protocols": [p.name for p in plan.protocols],
-                     "allow_mixed": allow_mixed}
+                     "allow_mixed": allow_mixed, "executor": executor}
         summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                          options=options, progress=progress, arguments=arguments)
+                          options=options, progress=progress, arguments=arguments, executor=chosen)
         runs = store.runs()
         # This source's units only: a store may also hold other runs' verdicts.
         planned = {unit.key for unit in units}
         stored = {key: v for key, v in store.verdicts() if key in planned}
     return _rescore_result(plan, units, stored, summary, source=source, store_path=store_path, samples=samples,
-                           report_dir=report_dir, title=title, runs=runs, clock=clock)
+                           report_dir=report_dir, title=title, runs=runs, group_by=group_by, clock=clock)
 
 
 @dataclass(frozen=True)
@@ -163,7 +182,7 @@ def _refuse_store_conflicts(store_path: Path, units) -> None:
 
 def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
                     samples: str, report_dir: Path | None, title: str | None, runs: list | None = None,
-                    clock: str = "device") -> dict:
+                    group_by: str | None = None, clock: str = "device") -> dict:
     from kbverify import clocks, present
     from kbverify.rescore import planned_unit
 
@@ -179,6 +198,13 @@ def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source:
     if missing_units:
         bound = tables_counting_as_failed(verdicts, missing_units, P_VALUES, samples, plan.exclude)
         text += _bound_text(bound, P_VALUES)
+    board = None
+    if group_by is not None and verdicts:
+        from kbverify.leaderboard import board_from_verdicts, render_text
+
+        board = board_from_verdicts(verdicts, group_by, P_VALUES, samples=samples, exclude=plan.exclude,
+                                    what=str(source))
+        text += render_text(board)
     text += (f"{summary.units} units ({summary.resumed} already in {store_path}, {summary.evaluated} evaluated now) in "
              f"{summary.wall_s:.0f} s\n")
     text += _changes_text(verdicts)
@@ -194,12 +220,14 @@ def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source:
         title = title or f"kbverify re-score of {source.name}"
         if missing:
             title += f" (INCOMPLETE: {len(missing)} of {len(units)} units without a verdict)"
-        paths = write_reports(verdicts, report_dir, title=title, samples=samples, provenance={"runs": runs or []})
+        paths = write_reports(verdicts, report_dir, title=title, samples=samples, provenance={"runs": runs or []},
+                              group_by=group_by)
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     text += incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
             "complete": not missing, "missing_units": missing, "tables_counting_missing_as_failed": bound,
+            "leaderboard": board,
             "reports": {k: str(v) for k, v in paths.items()},
             "skipped_files": [file.to_dict() for file in plan.skipped],
             "tasks_not_found": list(plan.tasks_not_found), "clock": clock, "missing_clock": missing_clock}
@@ -216,14 +244,16 @@ def _clock_line(clock: str, missing: int) -> str:
 def _require_distinct_samples(entries) -> None:
     """fast_p takes one sample per task, so two entries that are the same sample of one task are refused up front,
     not after hours of evaluation."""
+    from kbverify.labels import key as labels_key
     from kbverify.rescore import entry_task_name
 
     seen: dict[tuple, str] = {}
     for entry in entries:
-        key = (entry.level, entry_task_name(entry), entry.sample)
+        key = (entry.level, entry_task_name(entry), entry.sample, entry.labels)
         if key in seen:
+            labels = f" with labels {labels_key(entry.labels)}" if entry.labels else ""
             raise InputError(f"entries {seen[key]!r} and {entry.entry_id!r} are both sample {entry.sample} of task "
-                             f"{key[1]}: give each its own 'sample'")
+                             f"{key[1]}{labels}: give each its own 'sample'")
         seen[key] = entry.entry_id
 
 
@@ -270,10 +300,14 @@ def _changes_text(verdicts: list[Verdict]) -> str:
 
 
 def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exclude_path: Path | None,
-              samples: str | None, clock: str = "device") -> dict:
-    """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best). `clock`: which of a
+              samples: str | None, group_by: str | None = None, clock: str = "device") -> dict:
+    """`samples` None: the first sample, or for a store each protocol's own rule (kbv: best). `group_by`: a label
+    whose groups get side-by-side tables (`kbverify.leaderboard`; a store or a score JSONL). `clock`: which of a
     stored verdict's clocks the tables read (kbverify.clocks); other sources carry one speedup per row."""
+    from kbverify import leaderboard
+
     from kbverify import clocks, present, score
+    from kbverify.report import foreign_gpu_line, timed_beside_foreign
     from kbverify.store import Store
 
     if not source.exists():
@@ -287,6 +321,9 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         if level is None:
             raise InputError("--baseline needs --level (KernelBench's eval_results.json holds one level)")
         rows = score.read_kernelbench_eval(source, baseline, level, None)
+        if group_by is not None:
+            raise InputError("--group-by reads a store or a score JSONL; KernelBench's eval_results.json has no "
+                             "fields to group by")
         tables = {"kernelbench": score.table_to_dict(score.score_rows(rows, ps, samples="first", exclude=exclude))}
     elif source.suffix in (".sqlite", ".db") or _is_sqlite(source):
         with Store(source) as store:
@@ -297,6 +334,15 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         text = _clock_line(clock, missing_clock) + present.render_fast_p(tables, ps)
         result = {"tables": tables, "complete": not missing, "missing_units": [unit["name"] for unit in missing],
                   "clock": clock, "missing_clock": missing_clock}
+        foreign = foreign_gpu_line(verdicts)
+        if foreign:
+            text = foreign + "\n" + text
+            result["foreign_gpu_process"] = [f"{v.task_name} {v.submission} [{v.protocol}]" for v in verdicts
+                                             if timed_beside_foreign(v)]
+        if group_by is not None:
+            result["leaderboard"] = leaderboard.board_from_verdicts(verdicts, group_by, ps, samples=samples,
+                                                                    exclude=exclude, what=str(source))
+            text += leaderboard.render_text(result["leaderboard"])
         if missing:
             bound = tables_counting_as_failed(verdicts, missing, ps, samples, exclude)
             text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text + _bound_text(bound, ps)
@@ -306,6 +352,11 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
         rows = score.read_score_jsonl(source)
         tables = {"scores": score.table_to_dict(score.score_rows(rows, ps, samples=samples or "first",
                                                                  exclude=exclude))}
+        if group_by is not None:
+            board = leaderboard.board_from_rows(rows, group_by, ps, samples=samples or "first", exclude=exclude,
+                                                what=str(source))
+            return {"text": present.render_fast_p(tables, ps) + leaderboard.render_text(board),
+                    "json": {"tables": tables, "complete": True, "leaderboard": board}}
     return {"text": present.render_fast_p(tables, ps), "json": {"tables": tables, "complete": True}}
 
 
@@ -355,7 +406,7 @@ def _audit_progress(progress: Callable[[Progress], None] | None, total: int, dev
     return update
 
 
-def run_report(store_path: Path, out: Path, clock: str = "device") -> dict:
+def run_report(store_path: Path, out: Path, group_by: str | None = None, clock: str = "device") -> dict:
     from kbverify import clocks
     from kbverify.report import write_reports
     from kbverify.store import Store
@@ -373,7 +424,7 @@ def run_report(store_path: Path, out: Path, clock: str = "device") -> dict:
     if clock != clocks.DEFAULT_CLOCK:
         title = {"title": title.get("title", "kbverify report") + f" ({clock} clock)"}
     paths = write_reports(verdicts, out, provenance={"runs": runs, "clock": clock, "missing_clock": missing_clock},
-                          **title)
+                          group_by=group_by, **title)
     text = _clock_line(clock, missing_clock) + "".join(f"{kind}: {path}\n" for kind, path in paths.items())
     if missing:
         text = incomplete_line(len(missing), len(missing) + len(verdicts)) + text

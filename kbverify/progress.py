@@ -107,8 +107,10 @@ def _clock(seconds: float) -> str:
 class Reporter:
     """Shows `Progress` events on `stream` (stderr): a live bar where it is a terminal, plain lines elsewhere.
 
-    Call it with each event (it is thread-safe), and close it (or use it as a context manager) when the work
-    ends. Nothing is written before the first event, so a command that fails on its input prints one line.
+    Phases may run side by side (a rescore's builds overlap its evaluation): each has its own bar, and in a log
+    its own line when it starts and when it finishes, and a heartbeat line while it runs. Call it with each event
+    (it is thread-safe), and close it (or use it as a context manager) when the work ends. Nothing is written
+    before the first event, so a command that fails on its input prints one line.
     """
 
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None, heartbeat_s: float = HEARTBEAT_S,
@@ -119,16 +121,12 @@ class Reporter:
         self.clock = clock
         self._lock = threading.Lock()
         self._started: float | None = None
-        self._event: Progress | None = None
-        self._event_at = 0.0
-        self._phase_at = 0.0
+        self._event: Progress | None = None  # the latest event of any phase
+        self._phases: dict[str, _Phase] = {}
         self._last_line_at = 0.0
-        self._printed: Progress | None = None  # the event the last plain line showed
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._bar = None
-        self._bar_task = None
-        self._bar_phase = ""
 
     def __enter__(self) -> "Reporter":
         return self
@@ -142,22 +140,24 @@ class Reporter:
             if self._started is None:
                 self._started = now
                 self._start_ticker()
-            new_phase = self._event is None or event.phase != self._event.phase
-            if new_phase and self._event is not None and not self.live:
-                self._finish_phase(now)
+            phase = self._phases.get(event.phase)
+            new_phase = phase is None
             if new_phase:
-                self._phase_at = now
-            self._event, self._event_at = event, now
+                phase = self._phases[event.phase] = _Phase(started_at=now)
+                if event.phase != "start" and not self.live:
+                    self._phases.pop("start", None)  # the first real phase says the rest
+            phase.event, phase.event_at = event, now
+            self._event = event
             if self.live:
-                self._show_live(new_phase)
+                self._show_live(event.phase, new_phase)
             elif new_phase and event.phase == "start":
                 # said only if the next phase is slow to come: an input error found meanwhile stays one line
                 self._last_line_at = now
-            elif new_phase:
-                self._write(now)
+            elif new_phase or (_finished(event) and phase.printed is not event):
+                self._write(now, event.phase)
 
     def close(self) -> None:
-        """The last line (plain) or the bar's last state (live); stops the heartbeat."""
+        """The last line of each phase not yet shown (plain) or the bars' last state (live); stops the heartbeat."""
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join(timeout=5)
@@ -165,57 +165,62 @@ class Reporter:
             if self._event is None:
                 return
             if self.live:
-                if self._bar_phase == "start":
-                    self._bar.remove_task(self._bar_task)
-                else:
-                    self._show_live(False)
+                if "start" in self._phases:
+                    self._bar.remove_task(self._phases.pop("start").task)
+                for name in self._phases:
+                    self._show_live(name, False)
                 self._bar.stop()
-            else:
-                self._finish_phase(self.clock())
+                return
+            now = self.clock()
+            for name, phase in self._phases.items():
+                if name != "start" and phase.printed is not phase.event:
+                    self._write(now, name)
 
     # --- internals ------------------------------------------------------------------------------------------
 
-    def _left_s(self, now: float) -> float | None:
+    def _left_s(self, phase: "_Phase", now: float) -> float | None:
         """The job's estimate, counted down since it was made (below 0 once the work outlasts it)."""
-        event = self._event
+        event = phase.event
         if event.eta_s is None or not math.isfinite(event.eta_s):
             return None
-        return event.eta_s - (now - self._event_at)
+        return event.eta_s - (now - phase.event_at)
 
-    def _line(self, now: float) -> str:
+    def _line(self, now: float, name: str) -> str:
+        phase = self._phases[name]
         return (f"{_clock(now - self._started)}  "
-                + describe(self._event, phase_s=now - self._phase_at, left_s=self._left_s(now)))
+                + describe(phase.event, phase_s=now - phase.started_at, left_s=self._left_s(phase, now)))
 
-    def _write(self, now: float) -> None:
-        self.stream.write(f"kbverify {self._line(now)}\n")
+    def _write(self, now: float, name: str | None = None) -> None:
+        name = name or self._event.phase
+        self.stream.write(f"kbverify {self._line(now, name)}\n")
         self.stream.flush()
-        self._last_line_at, self._printed = now, self._event
-
-    def _finish_phase(self, now: float) -> None:
-        if self._event.phase == "start":
-            return  # the next phase says the rest
-        if self._printed is not self._event or self._event.done < self._event.total:
-            self._write(now)
+        self._last_line_at = now
+        self._phases[name].printed = self._phases[name].event
 
     def _start_ticker(self) -> None:
         self._ticker = threading.Thread(target=self._tick, name="kbverify-progress", daemon=True)
         self._ticker.start()
 
     def _tick(self) -> None:
-        """Live: refresh the estimate every second. Plain: a line whenever none was written for heartbeat_s."""
+        """Live: refresh the estimates every second. Plain: a line per running phase whenever none was written for
+        heartbeat_s."""
         while not self._stop.wait(1.0 if self.live else min(1.0, self.heartbeat_s / 4)):
             with self._lock:
                 now = self.clock()
                 if self.live:
-                    self._show_live(False)
+                    for name in self._phases:
+                        self._show_live(name, False)
                 elif now - self._last_line_at >= self.heartbeat_s:
-                    self._write(now)
+                    running = [name for name, phase in self._phases.items() if not _finished(phase.event)]
+                    for name in running or [self._event.phase]:
+                        self._write(now, name)
 
-    def _show_live(self, new_phase: bool) -> None:
+    def _show_live(self, name: str, new_phase: bool) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-        event, now = self._event, self.clock()
+        phase, now = self._phases[name], self.clock()
+        event = phase.event
         if self._bar is None:
             self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[left]}", markup=False),
@@ -223,23 +228,36 @@ class Reporter:
                             console=Console(file=self.stream), transient=False)
             self._bar.start()
         if new_phase:
-            if self._bar_task is not None and self._bar_phase == "start":
-                self._bar.remove_task(self._bar_task)  # a placeholder until the first real phase
-            noun = _NOUNS.get(event.phase, "items")
-            self._bar_task = self._bar.add_task(f"{event.phase} {noun}", total=max(1, event.total), left="",
-                                                last="")
-            self._bar_phase = event.phase
-        if event.phase == "start":
+            if name != "start" and "start" in self._phases:
+                self._bar.remove_task(self._phases.pop("start").task)  # a placeholder until the first real phase
+            noun = _NOUNS.get(name, "items")
+            phase.task = self._bar.add_task(f"{name} {noun}", total=max(1, event.total), left="", last="")
+        if name == "start":
             text = f"starting on {where(event)}"
-        elif event.total and event.done >= event.total:
+        elif _finished(event):
             text = f"done on {where(event)}"
         else:
-            text = _left_text(self._left_s(now), event)
+            text = _left_text(self._left_s(phase, now), event)
         if event.skipped:
             text += f" (+{event.skipped} in the store)"
         # a phase with nothing to do (every unit already in the store) shows as one full bar
-        self._bar.update(self._bar_task, completed=event.done if event.total else 1, total=max(1, event.total),
+        self._bar.update(phase.task, completed=event.done if event.total else 1, total=max(1, event.total),
                          left=text, last=shorten(event.last, 40))
+
+
+class _Phase:
+    """What the reporter knows of one phase: its latest event, when it started, what was last shown of it."""
+
+    def __init__(self, started_at: float):
+        self.started_at = started_at
+        self.event: Progress | None = None
+        self.event_at = started_at
+        self.printed: Progress | None = None
+        self.task = None  # its bar's row, live
+
+
+def _finished(event: Progress) -> bool:
+    return event.phase != "start" and event.done >= event.total
 
 
 def _is_terminal(stream: TextIO) -> bool:

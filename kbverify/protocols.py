@@ -54,12 +54,15 @@ class Protocol:
     # scoring
     samples: str  # "first" | "best"
     exclude_degenerate: bool
+    # re-randomised weights given to the built candidate through its own load_state_dict (how users load trained
+    # weights) are tried on these, at the task's own shapes; needs rerandomized_weights
+    loaded_distributions: tuple[str, ...] = ()
 
     def with_overrides(self, **overrides) -> "Protocol":
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise InputError(f"protocol {self.name}: unknown field(s) {', '.join(sorted(unknown))}")
-        for key in ("distributions", "rerandomized_distributions"):
+        for key in ("distributions", "rerandomized_distributions", "loaded_distributions"):
             if key in overrides:
                 overrides[key] = tuple(overrides[key])
                 bad = set(overrides[key]) - set(ALL_DISTRIBUTIONS)
@@ -99,7 +102,8 @@ VERIFIED = Protocol(
     name="verified", rule="verified", atol=1e-3, rtol=1e-3, norm_rtol=1e-3, baseline_allowance=4.0,
     reference_tf32=False, reference_cudnn_tf32=False, trials=1, seeds="secret", distributions=ALL_DISTRIBUTIONS,
     hidden_shapes=True, shape_specialized_fails=True, rerandomized_weights=True,
-    rerandomized_distributions=("x1", "neg", "shifted"), isolated=True, guards=True,
+    rerandomized_distributions=("x1", "neg", "shifted"), loaded_distributions=("x1", "mixed_sign"),
+    isolated=True, guards=True,
     train_mode=True, timing="interleaved", warmup_calls=3, device_warmup_s=0.2, timing_trials=200,
     baseline_matmul_tf32=True,
     baseline_cudnn_tf32=True, candidate_grad_enabled=False, timing_budget_s=2.0, ci_half_width=0.005,
@@ -151,7 +155,7 @@ def _checked_field(key: str, value, base: Protocol):
     current = getattr(base, key)
     if value is None and key in _OPTIONAL:
         return None
-    if key in ("distributions", "rerandomized_distributions"):
+    if key in ("distributions", "rerandomized_distributions", "loaded_distributions"):
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise InputError(f"{key} must be a list of distribution names ({', '.join(ALL_DISTRIBUTIONS)})")
         if key == "distributions" and not value:

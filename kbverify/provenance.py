@@ -17,18 +17,26 @@ COMPAT_FIELDS = ("gpu_model", "driver", "cuda", "torch")
 
 
 def collect(device: str) -> dict:
-    """Versions come from a worker (the parent never imports torch): the last one that ran on `device`, or a
-    probe; the GPU's identity from nvidia-smi."""
-    from kbverify.sandbox import last_worker_info
+    """Versions come from a probe worker, once per device (the parent never imports torch), and the GPU's identity
+    from nvidia-smi. Never from a worker that ran submission code, which can make torch say anything, nor from
+    one that ran a task's code (a published run's reference is untrusted too): the probe runs neither."""
+    with _probe_lock:
+        if device not in _collected:
+            info = _collect(device)
+            if info.get("torch") is None:
+                return info  # a probe that failed is asked again next time, not remembered
+            _collected[device] = info
+        return dict(_collected[device])
 
-    return _collect(device, tuple(sorted((last_worker_info(device) or {}).items())))
+
+_collected: dict[str, dict] = {}
+_probe_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=8)
-def _collect(device: str, reported: tuple) -> dict:
+def _collect(device: str) -> dict:
     from kbverify.sandbox import run_child
 
-    probe = dict(reported) or run_child("probe", {"device": device}, timeout_s=120, device=device).result or {}
+    probe = run_child("probe", {"device": device}, timeout_s=120, device=device).result or {}
     info = {
         "kbverify": kbverify.__version__,
         "kbverify_commit": _git_commit(),

@@ -20,7 +20,7 @@ class SetResult:
     set_id: str  # "<shape>/<distribution>/<weights>/<seed index>", stable across runs of one protocol
     shape: str  # "original" or "hidden:<n>"
     distribution: str
-    weights: str  # "default" | "rerandomized"
+    weights: str  # "default" | "rerandomized" | "loaded"
     seed: int
     valid: bool  # False: the reference itself raised or went non-finite; never counted against a kernel
     status: Status
@@ -76,6 +76,9 @@ class Verdict:
     # kbverify confined submission code read "degraded".
     isolation: str = "degraded"
     isolation_reason: str = "recorded before submission code was confined"
+    # The entry's labels (`kbverify.labels`: a generic JSONL's extra fields, e.g. {"model": "gpt-4o"}): part of
+    # what tells two verdicts of one task and sample apart, and what `--group-by` splits the tables by.
+    labels: dict = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:

@@ -24,6 +24,8 @@ def _wanted(result: SetResult, protocol: Protocol) -> bool:
         return False
     if result.shape != "original" and not protocol.hidden_shapes:
         return False
+    if result.weights == "loaded":
+        return protocol.rerandomized_weights and result.distribution in protocol.loaded_distributions
     return result.weights == "default" or (protocol.rerandomized_weights
                                            and result.distribution in protocol.rerandomized_distributions)
 

@@ -35,15 +35,22 @@ P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
 # --- summary -------------------------------------------------------------------------------------------------------
 
 def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", provenance: dict | None = None,
-              samples: str | None = None) -> dict:
+              samples: str | None = None, group_by: str | None = None) -> dict:
     """Everything the reports show, as JSON-ready data.
 
     `samples` (first | best) picks one sample per task for every protocol; None uses each protocol's own rule
-    (KernelBench scores the first sample, KernelBench-Verified the best).
+    (KernelBench scores the first sample, KernelBench-Verified the best). `group_by`: a label whose groups get a
+    leaderboard (`kbverify.leaderboard`) under the key `leaderboard`.
     """
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
     by_protocol = {name: [v for v in verdicts if v.protocol == name] for name in protocols}
+    board = None
+    if group_by is not None:
+        from kbverify.leaderboard import board_from_verdicts
+
+        board = board_from_verdicts(verdicts, group_by, P_VALUES, samples=samples)
     return {
+        "leaderboard": board,
         "title": title,
         "kbverify_version": __version__,
         "p_values": list(P_VALUES),
@@ -58,6 +65,7 @@ def summarize(verdicts: Sequence[Verdict], *, title: str = "kbverify report", pr
         "verdict_table": verdict_table(verdicts, protocols),
         "provenance_short": short_provenance(verdicts, provenance),
         "provenance": _provenance(verdicts, provenance),
+        "foreign_gpu": foreign_gpu_line(verdicts),
         "verdicts": [v.to_dict() for v in verdicts],
     }
 
@@ -143,10 +151,26 @@ def score_rows_from_verdicts(verdicts: Sequence[Verdict]) -> list:
     """One `kbverify.score.ScoreRow` per verdict; a task is `level<L>/<name>`, or its name when the level is unknown."""
     from kbverify.score import ScoreRow  # deferred: scipy is only needed when something is scored
 
+    # A timing taken while another process held the GPU measured the machine as much as the kernel: it stays
+    # correct and its speed counts for nothing, so fast_p is a lower bound until it is timed on an idle GPU.
     return [ScoreRow(task=task_label(v.task_name, v.level), level=v.level,
-                     sample=v.sample, correct=v.correct, speedup=v.speedup,
-                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci else None, claimed_speedup=v.claimed_speedup)
+                     sample=v.sample, correct=v.correct, speedup=None if timed_beside_foreign(v) else v.speedup,
+                     speedup_ci_low=v.speedup_ci[0] if v.speedup_ci and not timed_beside_foreign(v) else None,
+                     claimed_speedup=v.claimed_speedup, labels=tuple(sorted(v.labels.items())))
             for v in verdicts]
+
+
+def timed_beside_foreign(verdict: Verdict) -> bool:
+    return Warn.FOREIGN_GPU_PROCESS.value in verdict.warnings
+
+
+def foreign_gpu_line(verdicts: Sequence[Verdict]) -> str:
+    """"" when no verdict was timed beside a foreign GPU process; else what a reader of the fast_p tables must know."""
+    count = sum(1 for v in verdicts if timed_beside_foreign(v))
+    if not count:
+        return ""
+    return (f"foreign_gpu_process: {count} verdict(s) were timed while a process not kbverify's own held the GPU; "
+            f"their speedups are not counted in fast_p (a lower bound). Time them again on an idle GPU.")
 
 
 def samples_rule(protocol: str) -> str:
@@ -365,13 +389,14 @@ def _level_name(level: int | None) -> str:
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 def write_reports(verdicts: Sequence[Verdict], out_dir: str | Path, *, title: str = "kbverify report",
-                  provenance: dict | None = None, samples: str | None = None) -> dict[str, Path]:
+                  provenance: dict | None = None, samples: str | None = None,
+                  group_by: str | None = None) -> dict[str, Path]:
     """Write report.json, report.md and report.html into `out_dir`; returns their paths by format.
 
-    `samples` as in `summarize`. Nothing is written unless the whole summary could be computed.
+    `samples` and `group_by` as in `summarize`. Nothing is written unless the whole summary could be computed.
     """
     out_dir = Path(out_dir)
-    summary = summarize(verdicts, title=title, provenance=provenance, samples=samples)
+    summary = summarize(verdicts, title=title, provenance=provenance, samples=samples, group_by=group_by)
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = {
         "json": json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n",
@@ -606,6 +631,8 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
     out = [f"# {summary['title']}", ""]
     if _degraded(summary):
         out += [f"**{_DEGRADED}**", ""]
+    if summary.get("foreign_gpu"):
+        out += [f"**{summary['foreign_gpu']}**", ""]
     n_claims, unverifiable = summary["claimed"]["n"], summary["unverifiable"]
     out += [f"{len(summary['verdicts'])} verdicts under {', '.join(summary['protocols']) or 'no protocol'}; "
             f"{n_claims} claimed speedups (mean {_x(summary['claimed']['mean'])}); "
@@ -616,6 +643,10 @@ def render_markdown(summary: dict, *, memory_limit: int = 20) -> str:
             "offset), not only the run's own noise.", ""]
     out += [_md_table(*_fast_p_header(summary)), "", _md_table(*_overview_rows(summary)), ""]
     out += ["## Per level", "", _md_table(*_level_rows(summary)), ""]
+    if summary.get("leaderboard"):
+        from kbverify.leaderboard import render_markdown as leaderboard_markdown
+
+        out += [leaderboard_markdown(summary["leaderboard"])]
     out += ["## Status changes between protocols", ""]
     if summary["status_changes"]:
         out += [f"- {label}: {count}" for label, count in _transition_counts(summary)]
@@ -745,6 +776,7 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
              f'<p class="lead">{len(summary["verdicts"])} verdicts · protocols '
              f'{_h(", ".join(summary["protocols"]) or "none")} · kbverify {_h(summary["kbverify_version"])}</p>',
              *([f'<p class="alert">{_h(_DEGRADED)}</p>'] if _degraded(summary) else []),
+             *([f'<p class="alert">{_h(summary["foreign_gpu"])}</p>'] if summary.get("foreign_gpu") else []),
              _cards(summary)]
 
     parts.append("<h2>fast_p</h2><p class=\"muted\">Share of all tasks that are correct and faster than p× "
@@ -764,6 +796,10 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
     parts.append("<h2>Per level</h2>")
     header, rows = _level_rows(summary)
     parts.append(_html_table(header, rows, numeric=set(range(2, len(header)))))
+    if summary.get("leaderboard"):
+        from kbverify.leaderboard import render_html as leaderboard_html
+
+        parts.append(leaderboard_html(summary["leaderboard"]))
 
     parts.append("<h2>Status changes between protocols</h2>")
     if summary["status_changes"]:

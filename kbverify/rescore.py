@@ -1,8 +1,10 @@
 """Re-scoring a published run: every entry × protocol is one unit of work, stored as it finishes.
 
-Native builds are made first, in parallel on the CPU cores, keyed by content hash; then one worker thread per
-device takes units from a shared queue (each unit runs in its own sandboxed children). A killed run resumes: units
-already in the store are skipped, and a unit is written in one transaction, so nothing is lost or duplicated.
+An executor runs the units. The local one (`LocalExecutor`) is a pipeline: native builds, keyed by content hash,
+run on the CPU cores without oversubscribing them while one thread per device evaluates every unit that is ready
+(each unit in its own sandboxed children); `kbverify.ray_executor` runs units as Ray tasks. Verdicts come back to
+the driver's store (`Sink`). A killed run resumes: units already in the store are skipped, and a unit is written in
+one transaction, so nothing is lost or duplicated.
 """
 
 from __future__ import annotations
@@ -78,117 +80,247 @@ def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
                    submission=entry.entry_id,
                    submission_sha256=entry.submission.sha256 if entry.submission else "", protocol=protocol.name,
                    protocol_sha256=protocol.sha256, status=Status.UNVERIFIABLE, message=entry.unverifiable or "",
-                   claimed_speedup=entry.claimed_speedup, sample=entry.sample)
+                   claimed_speedup=entry.claimed_speedup, sample=entry.sample, labels=dict(entry.labels))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """How native builds share the CPU cores: `parallel_builds` × `max_jobs` (MAX_JOBS each) ≤ the cores left."""
+
+    parallel_builds: int
+    max_jobs: int
+
+
+def build_plan(cores: int, evaluators: int, max_jobs: int | None = None) -> BuildPlan:
+    """Each evaluating device keeps a core (its unit's parent and worker processes run beside the builds); the
+    rest go to builds, two compiler processes each unless MAX_JOBS says otherwise: a load_inline extension is one
+    to three translation units, so more jobs per build leave cores idle and fewer builds run at once."""
+    free = max(1, cores - evaluators)
+    jobs = max(1, min(max_jobs or 2, free))
+    return BuildPlan(parallel_builds=max(1, free // jobs), max_jobs=jobs)
+
+
+def default_build_plan(evaluators: int) -> BuildPlan:
+    given = os.environ.get("MAX_JOBS")
+    return build_plan(os.cpu_count() or 1, evaluators, int(given) if given and given.isdigit() else None)
+
+
+def needs_build(entry: Entry) -> bool:
+    return bool(entry.submission and entry.task and scan(entry.submission.source).native_sources)
+
+
+def build_submission(entry: Entry, options: CheckOptions) -> dict:
+    """Run one native submission's module level in a child, so that its evaluation finds the build cached (or
+    its failure remembered). A build that outlasts BUILD_TIMEOUT_S is killed there."""
+    submission, task = entry.submission, entry.task
+    payload = {"submission_source": submission.source, "task_source": task.source, "task_name": task.name,
+               "device": options.device}
+    outcome = run_child("build", payload, timeout_s=BUILD_TIMEOUT_S, device=options.device,
+                        env=build_env(submission, options))
+    return outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
+                              else f"build process died (exit {outcome.exit_code})"}
 
 
 def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None,
              progress: Callable[[Progress], None] | None = None) -> dict[str, dict]:
-    """Run each native submission's module level once, in parallel, so later evaluation finds its build cached.
-    `progress` hears of the phase's start and of every finished build."""
+    """Build every native submission of `entries` now, `workers` at a time (the pipeline's builds, without the
+    evaluation: for benchmarks and scripts). Returns each build's result by content hash."""
     unique = {}
     for entry in entries:
-        if entry.submission and entry.task and scan(entry.submission.source).native_sources:
-            unique.setdefault(entry.submission.sha256, (entry.submission, entry.task))
-    if not unique:
-        return {}
-    workers = workers or max(1, os.cpu_count() or 1)
-    log.info("prebuilding %d native submissions on %d workers", len(unique), workers)
-
-    def build(pair):
-        submission, task = pair
-        payload = {"submission_source": submission.source, "task_source": task.source, "task_name": task.name,
-                   "device": options.device}
-        outcome = run_child("build", payload, timeout_s=BUILD_TIMEOUT_S, device=options.device,
-                            env=build_env(submission, options))
-        return submission.sha256, (outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
-                                                      else f"build process died (exit {outcome.exit_code})"})
-
-    started, built = time.monotonic(), {}
-    if progress:
-        progress(Progress(0, len(unique), phase="build", device="cpu", workers=workers))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for future in as_completed([pool.submit(build, pair) for pair in unique.values()]):
-            sha256, result = future.result()
-            built[sha256] = result
-            if progress:
-                spent = time.monotonic() - started
-                progress(Progress(len(built), len(unique), eta_s=spent / len(built) * (len(unique) - len(built)),
-                                  last=f"{unique[sha256][0].id} {'built' if result.get('ok') else 'failed'}",
-                                  phase="build", device="cpu", workers=workers))
+        if needs_build(entry):
+            unique.setdefault(entry.submission.sha256, entry)
+    built: dict[str, dict] = {}
+    with ThreadPoolExecutor(max_workers=workers or max(1, os.cpu_count() or 1)) as pool:
+        futures = {pool.submit(build_submission, entry, options): sha256 for sha256, entry in unique.items()}
+        for future in as_completed(futures):
+            built[futures[future]] = future.result()
     return built
+
+
+class Sink:
+    """Where an executor's results go: verdicts into the driver's store (one transaction each, so a cut run
+    resumes), infrastructure errors into the summary, progress to the caller. Thread-safe."""
+
+    def __init__(self, store: Store, run_id: str, todo: list[Unit], resumed: int,
+                 progress: Callable[[Progress], None] | None, workers: int, device: str, compat_key: str = ""):
+        self.store, self.run_id, self.progress = store, run_id, progress
+        self.compat_key = compat_key  # the run's machine and software (`kbverify.provenance.compat_key`)
+        self.lock = threading.Lock()
+        self.total, self.resumed, self.workers, self.device = len(todo), resumed, workers, device
+        self.done = 0
+        self.errors: list[str] = []
+        self.failures: list[BaseException] = []
+        self.durations: dict[str, list[float]] = {}  # per protocol: a verified unit takes many times an original one
+        self.pending = Counter(unit.protocol.name for unit in todo)
+        self.builds_started = time.monotonic()
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.failures)
+
+    def verdict(self, unit: Unit, verdict: Verdict, seconds: float, device: str) -> None:
+        with self.lock:
+            self.store.put(unit.key, self.run_id, verdict)
+            self.done += 1
+            self.durations.setdefault(unit.protocol.name, []).append(seconds)
+            self.pending[unit.protocol.name] -= 1
+            if self.progress:
+                self.progress(Progress(self.done, self.total, self.resumed,
+                                       estimate_left_s(self.durations, self.pending, self.workers),
+                                       f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}",
+                                       phase="evaluate", device=device, workers=self.workers))
+
+    def error(self, unit: Unit, message: str) -> None:
+        with self.lock:
+            self.errors.append(f"{unit.entry.entry_id} [{unit.protocol.name}]: {message}")
+            self.pending[unit.protocol.name] -= 1
+        log.error("infrastructure error on %s: %s", unit.entry.entry_id, message)
+
+    def failure(self, error: BaseException) -> None:
+        """A bug of ours: every worker stops taking units, and the caller raises it."""
+        with self.lock:
+            self.failures.append(error)
+
+    def evaluation_starts(self) -> None:
+        if self.progress:
+            self.progress(Progress(0, self.total, self.resumed, phase="evaluate", device=self.device,
+                                   workers=self.workers))
+
+    def builds(self, done: int, total: int, workers: int, last: str = "") -> None:
+        if not self.progress:
+            return
+        spent = time.monotonic() - self.builds_started
+        with self.lock:
+            self.progress(Progress(done, total, eta_s=spent / done * (total - done) if done else None, last=last,
+                                   phase="build", device="cpu", workers=workers))
+
+    def margin_cache(self) -> "_LockedCache":
+        return _LockedCache(self.store, self.lock)
+
+
+class LocalExecutor:
+    """This machine's executor: native builds on the CPU cores (`BuildPlan`) and one evaluating thread per
+    device, overlapped. A unit is ready when its submission needs no build or its build has finished (built or
+    failed: a failure is remembered in the build cache and becomes the unit's compile_error), so the first
+    evaluation starts as soon as the first unit is ready, not after the last build. Each device evaluates one unit
+    at a time, so a unit's timing has its GPU alone."""
+
+    def __init__(self, devices: list[str], options: CheckOptions, plan: BuildPlan | None = None):
+        self.devices = devices
+        self.plan = plan or default_build_plan(len(devices))
+        self.options = dataclasses.replace(options, max_jobs=self.plan.max_jobs)
+
+    @property
+    def workers(self) -> int:
+        return len(self.devices)
+
+    def provenance(self, device: str) -> dict:
+        return provenance_module.collect(device)
+
+    def run(self, units: list[Unit], sink: Sink) -> None:
+        ready: queue.Queue = queue.Queue()
+        waiting: dict[str, list[Unit]] = {}  # submission hash → its units, held until it is built
+        for unit in units:
+            if needs_build(unit.entry):
+                waiting.setdefault(unit.entry.submission.sha256, []).append(unit)
+            else:
+                ready.put(unit)
+        sink.evaluation_starts()
+        builder = threading.Thread(target=self._build_all, args=(waiting, ready, sink), name="kbverify-builds",
+                                   daemon=True)
+        builder.start()
+        threads = [threading.Thread(target=self._evaluate_from, args=(ready, device, sink), daemon=True,
+                                    name=f"kbverify-evaluate-{index}") for index, device in enumerate(self.devices)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        builder.join()
+
+    def _build_all(self, waiting: dict[str, list[Unit]], ready: queue.Queue, sink: Sink) -> None:
+        """Builds in source order, `parallel_builds` at a time; each finished build releases its units. One
+        end-of-work marker per device follows the last of them."""
+        try:
+            if waiting:
+                self._build_in_pool(waiting, ready, sink)
+        finally:
+            for _ in self.devices:
+                ready.put(None)
+
+    def _build_in_pool(self, waiting: dict[str, list[Unit]], ready: queue.Queue, sink: Sink) -> None:
+        workers, total = self.plan.parallel_builds, len(waiting)
+        log.info("building %d native submissions, %d at a time with MAX_JOBS=%d, beside the evaluation", total,
+                 workers, self.plan.max_jobs)
+        sink.builds(0, total, workers)
+        build_options = dataclasses.replace(self.options, device=self.devices[0])
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kbverify-build") as pool:
+            futures = {pool.submit(build_submission, group[0].entry, build_options): sha256
+                       for sha256, group in waiting.items()}
+            for done, future in enumerate(as_completed(futures), start=1):
+                if sink.stopped:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    return
+                group = waiting[futures[future]]
+                try:
+                    result = future.result()
+                except BaseException as error:  # a bug of ours
+                    sink.failure(error)
+                    return
+                for unit in group:
+                    ready.put(unit)
+                sink.builds(done, total, workers, f"{group[0].entry.entry_id} "
+                                                  f"{'built' if result.get('ok') else 'failed'}")
+
+    def _evaluate_from(self, ready: queue.Queue, device: str, sink: Sink) -> None:
+        device_options = dataclasses.replace(self.options, device=device)
+        while not sink.stopped:
+            unit = ready.get()
+            if unit is None:
+                return
+            started = time.monotonic()
+            try:
+                verdict = evaluate_unit(unit, device_options, sink.store, sink.lock)
+            except InfrastructureError as error:
+                sink.error(unit, str(error))
+                continue
+            except BaseException as error:  # a bug of ours: stop every thread and raise it in the caller
+                sink.failure(error)
+                return
+            sink.verdict(unit, verdict, time.monotonic() - started, device)
 
 
 def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
             options: CheckOptions, progress: Callable[[Progress], None] | None = None,
-            build_workers: int | None = None, arguments: dict | None = None) -> RescoreSummary:
+            build_workers: int | None = None, arguments: dict | None = None, executor=None) -> RescoreSummary:
+    """Every planned unit not yet in `store`, run by `executor`: by default a `LocalExecutor` on `devices`; any
+    object with `workers`, `provenance(device)` (the machine the run is for) and `run(units, sink)` will do, e.g.
+    `kbverify.ray_executor.RayExecutor`. `build_workers` caps the local executor's parallel builds."""
     started = time.monotonic()
     units = plan_units(entries, protocols)
     if progress:  # before the machine is probed for provenance: that can take seconds on a GPU host
         progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices)))
+    if executor is None:
+        plan = default_build_plan(len(devices))
+        if build_workers:
+            plan = dataclasses.replace(plan, parallel_builds=min(plan.parallel_builds, build_workers))
+        executor = LocalExecutor(devices, options, plan)
     # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
     planned = {unit.key: planned_unit(unit) for unit in units}
-    store.begin_run(run_id, provenance_module.collect(devices[0]), {**(arguments or {}), "planned_units": planned},
+    provenance = executor.provenance(devices[0])
+    store.begin_run(run_id, provenance, {**(arguments or {}), "planned_units": planned},
                     allow_mixed=bool((arguments or {}).get("allow_mixed")))
     todo = [unit for unit in units if not store.has(unit.key)]
     resumed = len(units) - len(todo)
-    lock = threading.Lock()
     for unit in [u for u in todo if not u.entry.verifiable]:
-        with lock:
-            store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
+        store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
     todo = [u for u in todo if u.entry.verifiable]
-    if todo:
-        prebuild([u.entry for u in todo], dataclasses.replace(options, device=devices[0]), workers=build_workers,
-                 progress=progress)
-    work: queue.Queue = queue.Queue()
-    for unit in todo:
-        work.put(unit)
-    errors: list[str] = []
-    failures: list[BaseException] = []
-    done = [0]
-    durations: dict[str, list[float]] = {}  # per protocol: a verified unit takes many times a KernelBench one
-    pending = Counter(unit.protocol.name for unit in todo)
-    if progress:
-        progress(Progress(0, len(todo), resumed, phase="evaluate", device=devices[0], workers=len(devices)))
-
-    def worker(device: str) -> None:
-        device_options = dataclasses.replace(options, device=device)
-        while not failures:
-            try:
-                unit = work.get_nowait()
-            except queue.Empty:
-                return
-            unit_started = time.monotonic()
-            try:
-                verdict = evaluate_unit(unit, device_options, store, lock)
-            except InfrastructureError as error:
-                with lock:
-                    errors.append(f"{unit.entry.entry_id} [{unit.protocol.name}]: {error}")
-                    pending[unit.protocol.name] -= 1
-                log.error("infrastructure error on %s: %s", unit.entry.entry_id, error)
-                continue
-            except BaseException as error:  # a bug of ours: stop every thread and raise it in the caller
-                with lock:
-                    failures.append(error)
-                return
-            with lock:
-                store.put(unit.key, run_id, verdict)
-                done[0] += 1
-                durations.setdefault(unit.protocol.name, []).append(time.monotonic() - unit_started)
-                pending[unit.protocol.name] -= 1
-                if progress:
-                    progress(Progress(done[0], len(todo), resumed, estimate_left_s(durations, pending, len(devices)),
-                                      f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}",
-                                      phase="evaluate", device=device, workers=len(devices)))
-
-    threads = [threading.Thread(target=worker, args=(device,), daemon=True) for device in devices]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
+    sink = Sink(store, run_id, todo, resumed, progress, executor.workers, devices[0],
+                provenance_module.compat_key(provenance))
+    executor.run(todo, sink)
+    if sink.failures:
         # Finished units are in the store; a rerun resumes after the fix.
-        raise failures[0]
-    return RescoreSummary(units=len(units), evaluated=done[0], resumed=resumed, errors=tuple(errors),
+        raise sink.failures[0]
+    return RescoreSummary(units=len(units), evaluated=sink.done, resumed=resumed, errors=tuple(sink.errors),
                           wall_s=time.monotonic() - started)
 
 
@@ -201,7 +333,8 @@ def planned_unit(unit: Unit) -> dict:
     # tell a second version of one unit from another unit (`Store.refuse_conflicts`).
     return {"name": f"{unit.entry.entry_id} [{unit.protocol.name}]", "task": task_label(entry_task_name(unit.entry),
                                                                                          level),
-            "level": level, "sample": unit.entry.sample, "protocol": unit.protocol.name}
+            "level": level, "sample": unit.entry.sample, "protocol": unit.protocol.name,
+            "labels": dict(unit.entry.labels)}
 
 
 class _LockedCache:
@@ -228,7 +361,7 @@ def evaluate_unit(unit: Unit, options: CheckOptions, store: Store | None = None,
                                    claimed_speedup=entry.claimed_speedup, margin_cache=cache)
     except TaskError as error:  # the task's problem: no verdict on the kernel, its claim stays unverified
         return dataclasses.replace(unverifiable_verdict(entry, unit.protocol), message=str(error))
-    verdict = dataclasses.replace(verdict, submission=entry.entry_id)
+    verdict = dataclasses.replace(verdict, submission=entry.entry_id, labels=dict(entry.labels))
     if entry.modified_reference:
         verdict = dataclasses.replace(verdict, warnings=verdict.warnings + (Warn.MODIFIED_REFERENCE.value,))
     return verdict

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import stats, timing_control, toolchain
+from kbverify import gpu_processes, stats, timing_control, toolchain
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
@@ -51,6 +51,7 @@ class CheckOptions:
     hang_floor_s: float = hang_module.FLOOR_S  # a forward quiet for max(this, factor × reference call) is a timeout
     hang_factor: float = hang_module.FACTOR  # (kbverify.hang; a floor of 0 leaves only --timeout)
     timing_mode: str = "auto"  # "auto": kbverify.timing_modes decides; "hold" or "sync" ask for one (tests)
+    max_jobs: int | None = None  # compiler processes per native build (MAX_JOBS); None: $MAX_JOBS, else every core
 
 
 @dataclass
@@ -64,6 +65,7 @@ class _Context:
     worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
     isolation: dict = field(default_factory=dict)  # "isolated" / "degraded" → why, from every submission worker
     reference_call_s: float | None = None  # the judge's longest set of reference work (no submission code ran there)
+    gpu_checks: list = field(default_factory=list)  # kbverify.gpu_processes.check records around the timing
 
     def hang(self, pace=None):
         return hang_module.HangBudget(self.options.hang_floor_s, self.options.hang_factor, self.reference_call_s, pace)
@@ -78,7 +80,7 @@ def build_env(submission: Submission, options: CheckOptions) -> dict:
     root = (options.build_cache or default_build_cache()) / submission.sha256[:20]
     root.mkdir(parents=True, exist_ok=True)
     env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
-           "MAX_JOBS": os.environ.get("MAX_JOBS", str(max(1, os.cpu_count() or 1)))}
+           "MAX_JOBS": str(options.max_jobs or os.environ.get("MAX_JOBS") or max(1, os.cpu_count() or 1))}
     if not options.device.startswith("cuda"):
         env["TRITON_INTERPRET"] = "1"
     return env
@@ -94,6 +96,7 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
         verdict = _check_isolated(context, margin_cache)
     else:
         verdict = _check_kernelbench(context)
+    verdict = _with_gpu_checks(context, verdict)
     isolation, reason = _isolation(context)
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
@@ -108,6 +111,22 @@ def _isolation(context: _Context) -> tuple[str, str]:
     if "isolated" in context.isolation:
         return "isolated", context.isolation["isolated"]
     return "degraded", "no process reported how it was confined"
+
+
+def _look_at_gpu(context: _Context, when: str) -> None:
+    """Which compute processes hold the device, right before a timing worker starts or after the last ended."""
+    context.gpu_checks.append(gpu_processes.check(context.options.device, when))
+
+
+def _with_gpu_checks(context: _Context, verdict: Verdict) -> Verdict:
+    """A timed verdict carries what the looks at its device found, and is flagged where a foreign process held it
+    (its speedup then does not count in fast_p: kbverify.report.score_rows_from_verdicts) or where a GPU went
+    unchecked."""
+    if not verdict.timing or not context.gpu_checks:
+        return verdict
+    warnings = list(verdict.warnings) + gpu_processes.warnings_for(context.gpu_checks, context.options.device)
+    return dataclasses.replace(verdict, timing={**verdict.timing, "gpu_processes": list(context.gpu_checks)},
+                               warnings=tuple(dict.fromkeys(warnings)))
 
 
 def _note_child(context: _Context, job: str, outcome: ChildOutcome) -> None:
@@ -289,7 +308,9 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    _look_at_gpu(context, "before")  # this one job checks and times
     evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common))
+    _look_at_gpu(context, "after")
     if evaluation.died:
         status, detail = _died(evaluation, "candidate", context.options.device)
         return _base_verdict(context, status, message=detail,
@@ -432,6 +453,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
               "baseline_matmul_tf32": protocol.baseline_matmul_tf32,
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
+    _look_at_gpu(context, "before")
     timed = _run(context, "kernelbench_candidate_timing", _payload(context, **common))
     if timed.died or "runtime_ms" not in (timed.result or {}):
         if timed.died:
@@ -440,6 +462,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
             status, detail = Status.RUNTIME_ERROR, timed.result["error"]
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
+    _look_at_gpu(context, "after")
     if baseline.died or "runtime_ms" not in (baseline.result or {}):
         return dataclasses.replace(verdict, status=Status.UNVERIFIABLE, message="the reference could not be timed")
     ref_ms, cand_ms = baseline.result["runtime_ms"], timed.result["runtime_ms"]
@@ -488,7 +511,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         return Status.UNVERIFIABLE, "not run"
     if "skipped" in cand:
         reason = cand["skipped"]
-        if reason.startswith("construct_error"):
+        if reason.startswith(("construct_error", "weights_load_refused")):
+            # the candidate's own code raised: building it, or loading Model's weights laid out as its own
             return Status.RUNTIME_ERROR, reason
         if reason.startswith("weights_layout_changed"):
             return Status.INCORRECT, reason
@@ -589,6 +613,11 @@ def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, s
         return Status.PASSED, message, first
     status = worst(s.status for s in failures)
     first = next(s for s in failures if s.status is status)
+    if all(s.weights == "loaded" for s in failures) and any(s.weights != "loaded" for s in counted):
+        # right with the weights it was built with, wrong once a user loads others: a copy derived from the
+        # weights once (prepacked, folded) and never again. Named so that a reader can tell it from a wrong kernel.
+        return status, (f"stale_after_load: right with the weights given at construction, wrong with weights loaded "
+                        f"afterwards by load_state_dict; {first.set_id}: {first.detail}"), first
     return status, f"{first.set_id}: {first.detail}", first
 
 
@@ -604,6 +633,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
                        candidate_grad_enabled=protocol.candidate_grad_enabled,
                        timed_distributions=timed_distributions(verdict.sets, protocol))
+    _look_at_gpu(context, "before")
     timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
                             target=protocol.ci_half_width)
     if timed.died:
@@ -639,6 +669,7 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                                               budget_s=max(0.5, protocol.timing_budget_s / 2),
                                               target=protocol.ci_half_width, check=False)
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
+    _look_at_gpu(context, "after")
     margin = _noise_margin(context, clean, margin_cache)
     timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify import channel, confine, supervisor
-from kbverify.errors import InfrastructureError
+from kbverify.errors import InfrastructureError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,7 @@ OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only 
 _POLL_S = 0.05
 
 _context = None
-_last_worker_info: dict[str, dict] = {}  # device → what the last worker on it reported about itself
 
-
-def last_worker_info(device: str) -> dict | None:
-    return _last_worker_info.get(device)
 # Imported once in the forkserver so each child starts warm; none of these touches CUDA at import.
 # Measured on torch 2.11+cu130: importing torch.utils.cpp_extension in the server makes CUDA unusable in forked
 # children, so it is imported in each child instead.
@@ -213,13 +209,18 @@ class _Running:
             child_env["CUDA_VISIBLE_DEVICES"] = visible
         self.log_path = self.logdir / "output.log"
         self.started = time.monotonic()
+        try:
+            tmpfs_size = confine.tmpfs_size()
+        except ValueError as error:
+            self._remove_dirs(keep_workdir=False)
+            raise InputError(str(error)) from None
         self.channel, child_end = multiprocessing.Pipe(duplex=True)
         try:
             self.process = _forkserver().Process(
                 target=supervisor.child_main,
                 args=(spec.job, spec.payload, str(self.workdir), str(self.log_path), child_env,
                       _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader(),
-                      confine.switched_off()),
+                      confine.switched_off(), tmpfs_size),
                 daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
@@ -308,7 +309,7 @@ class _Running:
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = self.messages.outcome(
             timed_out=self.timed_out, output_head=self.head.decode(errors="replace"), output_tail=tail,
-            output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s, device=self.spec.device,
+            output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s,
             stalled_s=self.stalled_s, stall_allowance_s=self.stall_allowance_s)
         self.channel.close()
         self._remove_dirs(keep_workdir=self.spec.keep_dir)
@@ -363,12 +364,10 @@ class _Messages:
             self.replies.append(message)
         return True
 
-    def outcome(self, *, timed_out: bool, device: str, **fields) -> ChildOutcome:
+    def outcome(self, *, timed_out: bool, **fields) -> ChildOutcome:
         exit_code = (self.exit or {}).get("code")
         # A result counts only from a job that exited 0 after sending it, as the supervisor's waitpid saw it.
         result = self.result if (not timed_out and exit_code == 0) else None
-        if isinstance(result, dict) and isinstance(result.get("_worker"), dict):
-            _last_worker_info[device] = result.pop("_worker")
         phases = result.pop("_phases_s", None) if isinstance(result, dict) else None
         job_s = result.pop("_job_s", None) if isinstance(result, dict) else None
         # written where the submission ran: numbers only, anything else dropped

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kbverify import stats
 from kbverify.errors import InputError
+from kbverify.labels import from_row as labels_from_row
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class ScoreRow:
     speedup: float | None
     speedup_ci_low: float | None = None
     claimed_speedup: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # `kbverify.labels`: rows that differ in them are different kernels
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,13 @@ class ScoreTable:
 
 
 def select_samples(rows: Iterable[ScoreRow], mode: str) -> list[ScoreRow]:
-    """One row per task: `first` = the smallest sample id; `best` = the fastest correct sample, else the first."""
+    """One row per task (per task and label set: two models' kernels for one task are two): `first` = the smallest
+    sample id; `best` = the fastest correct sample, else the first."""
     if mode not in SAMPLE_MODES:
         raise InputError(f"unknown sample selection {mode!r}; expected one of {', '.join(SAMPLE_MODES)}")
-    by_task: dict[tuple[int | None, str], list[ScoreRow]] = {}
+    by_task: dict[tuple, list[ScoreRow]] = {}
     for row in rows:
-        by_task.setdefault((row.level, row.task), []).append(row)
+        by_task.setdefault((row.labels, row.level, row.task), []).append(row)
     return [_select_one(group, mode) for group in by_task.values()]
 
 
@@ -335,6 +338,9 @@ def _kernelbench_row(entry: dict | None, task: str, level: int, baseline_ms: flo
                     speedup=baseline_ms / runtime if timed else None)
 
 
+SCORE_KEYS = frozenset({"task", "correct", "speedup", "sample", "level", "speedup_ci_low", "claimed_speedup"})
+
+
 def _score_row(data: dict, where: str) -> ScoreRow:
     task = data.get("task")
     if not isinstance(task, str) or not task:
@@ -357,6 +363,7 @@ def _score_row(data: dict, where: str) -> ScoreRow:
         speedup=_positive_or_none(data, "speedup", where),
         speedup_ci_low=_positive_or_none(data, "speedup_ci_low", where),
         claimed_speedup=_positive_or_none(data, "claimed_speedup", where),
+        labels=labels_from_row(data, SCORE_KEYS, where),
     )
 
 

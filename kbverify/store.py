@@ -1,10 +1,10 @@
 """Results store: SQLite (stdlib, WAL). One row per finished unit of work, written in one transaction, so a
 killed run resumes where it stopped and never loses or duplicates a verdict (SPEC §7).
 
-A store holds one verdict per task, sample and protocol name: that is how `score` and `report` read it. A run
-whose plan would add a second one (another kernel for the same sample, another version of the task, a protocol
-file that reuses a name) is refused before it starts (`StoreConflict`), and so is another machine's run unless
-the mix is asked for. A record that does not read back is an InputError naming the store, never a traceback.
+A store holds one verdict per task, sample, protocol name and label set (`kbverify.labels`): that is how `score`
+and `report` read it. A run whose plan would add a second one (another kernel for the same sample, another version
+of the task, a protocol file that reuses a name) is refused before it starts (`StoreConflict`), and so is another
+machine's run unless the mix is asked for. A record that does not read back is an InputError naming the store, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from kbverify.errors import InputError
+from kbverify.labels import key as labels_key
 from kbverify.provenance import compat_key
 from kbverify.records import Verdict, task_label
 
@@ -90,7 +91,8 @@ class Store:
         task, sample and protocol as a unit the store holds or another run planned, under another key."""
         held = self._identities()
         clashes = [(unit, held[identity]) for unit_key, unit in planned.items()
-                   if (identity := _identity(unit["protocol"], unit["task"], unit["sample"])) in held
+                   if (identity := _identity(unit["protocol"], unit["task"], unit["sample"],
+                                             unit.get("labels"))) in held
                    and held[identity][0] != unit_key]
         if not clashes:
             return
@@ -108,10 +110,12 @@ class Store:
         runs = self.runs()
         for run in runs:
             for unit_key, unit in (run["arguments"].get("planned_units") or {}).items():
-                held.setdefault(_identity(unit["protocol"], unit["task"], unit["sample"]), (unit_key, run))
+                identity = _identity(unit["protocol"], unit["task"], unit["sample"], unit.get("labels"))
+                held.setdefault(identity, (unit_key, run))
         by_id = {run["run_id"]: run for run in runs}
         for unit_key, run_id, verdict in self._verdict_rows():
-            identity = _identity(verdict.protocol, task_label(verdict.task_name, verdict.level), verdict.sample)
+            identity = _identity(verdict.protocol, task_label(verdict.task_name, verdict.level), verdict.sample,
+                                 verdict.labels)
             held.setdefault(identity, (unit_key, by_id.get(run_id)))
         return held
 
@@ -199,8 +203,9 @@ class Store:
         self._db.execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?)", (key, json.dumps(value), time.time()))
 
 
-def _identity(protocol: str, task: str, sample) -> tuple:
-    return protocol, task, sample
+def _identity(protocol: str, task: str, sample, labels: dict | None) -> tuple:
+    """Labels are part of it: two models' verdicts for one task and sample are two verdicts."""
+    return protocol, task, sample, labels_key(labels or {})
 
 
 def _object(value) -> dict:

@@ -29,7 +29,7 @@ _POLL_S = 0.05
 
 
 def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, writable: list[str], stage: str,
-               parent, lifeline, confine_off: bool = False) -> None:
+               parent, lifeline, confine_off: bool = False, tmpfs_size: str = "") -> None:
     """The worker server's child: confine, fork the job, relay, report its end, exit."""
     os.setsid()
     confine.die_with_parent()  # against the worker server
@@ -41,7 +41,7 @@ def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, 
     for sub in ("home", "tmp"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
     confined = channel.runs_submission(job, payload)
-    confinement = (confine.enter([workdir, *writable], stage, off=confine_off) if confined
+    confinement = (confine.enter([workdir, *writable], stage, off=confine_off, tmpfs=tmpfs_size) if confined
                    else confine.Confinement("none", "runs no submission code"))
     up_r, up_w = os.pipe()
     down_r, down_w = os.pipe()

@@ -61,6 +61,9 @@ class RescoreRequest:
     select: Path | None
     allow_mixed: bool
     exclude_path: Path | None
+    group_by: str | None = None
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,14 @@ class ScoreRequest:
     ps: tuple[float, ...]
     exclude_path: Path | None
     samples: str | None
+    group_by: str | None = None
 
 
 # --- commands -------------------------------------------------------------------------------------------------------
 
 def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_tests: Path | None, only: str | None,
           min_speedup: float | None, secret: str | None, timeout: float) -> CheckRequest:
+    sandbox_settings()
     protocols = tuple(parse_protocols(protocol))
     timeout_s = seconds(timeout, "--timeout")
     device = device_name(device)
@@ -95,9 +100,11 @@ def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_te
 
 def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol: str, samples: str,
             report_dir: Path | None, device: str, hidden_tests: Path | None, timeout: float, limit: int | None,
-            select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None) -> RescoreRequest:
+            select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None,
+            group_by: str | None = None, executor: str = "local", ray_address: str | None = None) -> RescoreRequest:
     from kbverify.importers import FORMATS
 
+    sandbox_settings()
     existing(source, "the source", "a run folder or a JSONL file")
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -115,16 +122,21 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
     return RescoreRequest(source=source, fmt=fmt, tasks=tasks, store=store, protocols=protocol,
                           samples=sample_rule(samples), report_dir=report_dir, device=device_name(device),
                           hidden_dirs=hidden_folders(hidden_tests), timeout_s=seconds(timeout, "--timeout"),
-                          limit=limit, select=select, allow_mixed=allow_mixed, exclude_path=exclude_degenerate)
+                          limit=limit, select=select, allow_mixed=allow_mixed, exclude_path=exclude_degenerate,
+                          group_by=group_field(group_by), executor=executor_name(executor, ray_address),
+                          ray_address=ray_address)
 
 
 def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exclude_degenerate: Path | None,
-          samples: str | None) -> ScoreRequest:
+          samples: str | None, group_by: str | None = None) -> ScoreRequest:
     existing(source, "the source", "a store, a score JSONL or an eval_results.json", file=True)
     if baseline is not None:
         existing(baseline, "--baseline", "KernelBench's baseline-time JSON", file=True)
         if level is None:
             raise InputError("--baseline needs --level (KernelBench's eval_results.json holds one level)")
+        if group_by is not None:
+            raise InputError("--group-by reads a store or a score JSONL; KernelBench's eval_results.json has no "
+                             "fields to group by")
     elif level is not None:
         raise InputError("--level goes with --baseline (it names the level of a KernelBench eval_results.json)")
     if level is not None and level < 1:
@@ -132,10 +144,12 @@ def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exc
     if exclude_degenerate is not None:
         existing(exclude_degenerate, "--exclude-degenerate", "an audit JSON", file=True)
     return ScoreRequest(source=source, baseline=baseline, level=level, ps=p_values(p),
-                        exclude_path=exclude_degenerate, samples=None if samples is None else sample_rule(samples))
+                        exclude_path=exclude_degenerate, samples=None if samples is None else sample_rule(samples),
+                        group_by=group_field(group_by))
 
 
 def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_tests: Path | None) -> None:
+    sandbox_settings()
     existing(tasks, "the tasks", "a task file or folder")
     load_task_dir(tasks)
     parse_protocols(protocol)
@@ -146,9 +160,10 @@ def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_t
             output_file(Path(f"{out}{suffix}"), "--out")
 
 
-def report(*, store: Path, out: Path) -> None:
+def report(*, store: Path, out: Path, group_by: str | None = None) -> str | None:
     existing(store, "the store", "a store written by rescore", file=True)
     report_folder(out, "--out")
+    return group_field(group_by)
 
 
 def hang_floor(value: float) -> float:
@@ -189,6 +204,16 @@ def hidden_generate(*, tasks: Path, out: Path) -> None:
 
 # --- options --------------------------------------------------------------------------------------------------------
 
+def sandbox_settings() -> None:
+    """The environment the sandbox reads when it starts a worker (kbverify.confine)."""
+    from kbverify import confine
+
+    try:
+        confine.tmpfs_size()
+    except ValueError as error:
+        raise InputError(str(error)) from None
+
+
 def seconds(value: float, option: str) -> float:
     if not math.isfinite(value) or value < MIN_TIMEOUT_S:
         raise InputError(f"{option} {value:g}: give seconds per worker process, at least {MIN_TIMEOUT_S:g} "
@@ -206,6 +231,41 @@ def device_name(device: str) -> str:
     if not _DEVICE.match(device):
         raise InputError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
     return device
+
+
+EXECUTORS = ("local", "ray")
+
+
+def executor_name(executor: str, ray_address: str | None) -> str:
+    """`--executor local|ray`; ray must be importable (an optional extra), and `--ray-address` goes with it."""
+    if executor not in EXECUTORS:
+        raise InputError(f"--executor {executor!r}: use local or ray")
+    if ray_address is not None and executor != "ray":
+        raise InputError("--ray-address goes with --executor ray")
+    if ray_address is not None and not ray_address.strip():
+        raise InputError("--ray-address: give the cluster's address, e.g. ray://head:10001 or auto")
+    if executor == "ray":
+        from kbverify.ray_executor import require_ray
+
+        require_ray()
+    return executor
+
+
+def group_field(field: str | None) -> str | None:
+    """`--group-by`: a label's name as the generic JSONL spells it (whether any entry has it is checked once the
+    source or store is read, still before any work)."""
+    from kbverify.labels import FIELD
+
+    if field is None:
+        return None
+    if not FIELD.match(field):
+        raise InputError(f"--group-by {field!r}: give the name of a field of the JSONL's rows, e.g. model")
+    from kbverify.importers import JSONL_KEYS
+
+    if field in JSONL_KEYS or field in ("correct", "speedup", "speedup_ci_low"):
+        raise InputError(f"--group-by {field}: {field} is one of the format's own keys, not a label; group by an "
+                         f"extra field of the rows (e.g. model)")
+    return field
 
 
 def sample_rule(samples: str) -> str:

@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "kbverify.rescore", "kbverify.sandbox",
                "kbverify.supervisor", "kbverify.confine", "kbverify.channel", "kbverify.timing_control",
                "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
-               "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats"]
+               "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats",
+               "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor"]
 CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
               "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
 

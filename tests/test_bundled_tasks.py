@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kbverify.child.evaluate import construct_candidate
+from kbverify.child.construct import load_weights, names_of
+from kbverify.child.evaluate import construct_candidate, rerandomized_state
 
 from kbverify.status import Status, Warn
 from kbverify.tasks import Task, execute_task, load_task, load_task_dir
@@ -278,26 +279,28 @@ def _patches_process_state(source: str) -> bool:
                for node in ast.parse(source).body)
 
 
-def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = False, factor: float = 1.0):
-    """Reference first, then the candidate on its own copy of the inputs, both with the same weights."""
+def _run_submission(submission: Path, task_path: Path, *, rerandomize: bool = False, factor: float = 1.0,
+                    loaded: bool = False):
+    """Reference first, then the candidate on its own copy of the inputs, both with the same weights: handed over
+    at construction, or (`loaded`) loaded into the candidate built with the default ones and called once."""
     namespace, model = _instantiate(load_task(task_path))
     default = {key: value.clone() for key, value in model.state_dict().items()}
     candidate_namespace = {"__name__": f"corpus_{submission.stem}"}
     exec(compile(submission.read_text(), str(submission), "exec"), candidate_namespace)  # noqa: S102
     if rerandomize:
-        generator = torch.Generator().manual_seed(11)
-        with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                if tensor.is_floating_point():
-                    tensor.copy_(torch.randn(tensor.shape, generator=generator))
+        model.load_state_dict(rerandomized_state(model, 11))
     torch.manual_seed(0)
     ModelNew = candidate_namespace["ModelNew"]
     # as the verifier builds it: the weights reach ModelNew while it is built, so what __init__ derives from them
     # (in place or as a copy) agrees, and whatever __init__ did not receive is loaded afterwards
-    candidate = construct_candidate(ModelNew, namespace["get_init_inputs"](), model.state_dict(),
-                                    default_state=lambda: default,
-                                    reseed=lambda: (torch.manual_seed(0), namespace["get_init_inputs"]())[1])[0]
+    candidate, how = construct_candidate(ModelNew, namespace["get_init_inputs"](),
+                                         default if loaded else model.state_dict(), default_state=lambda: default,
+                                         reseed=lambda: (torch.manual_seed(0), namespace["get_init_inputs"]())[1])
     inputs = _scaled(_inputs(namespace), factor)
+    if loaded:
+        _forward(candidate, _clone(_inputs(namespace)))
+    if loaded or how is None:  # not paired at construction: the verifier loads Model's weights by their names
+        load_weights(candidate, model.state_dict(), names_of(candidate.state_dict(), default) if loaded else None)
     expected = _forward(model, _clone(inputs))
     got = _forward(candidate, _clone(inputs))
     return expected, got
@@ -326,12 +329,13 @@ HONEST = [p for p in IN_PROCESS if p.parent.name == "honest"]
 def test_honest_submission_is_right_on_signed_inputs_and_fresh_weights(path: Path):
     # a submission whose parameters are named differently cannot take Model's weights (it is verified with a warning)
     renamed = "weights_not_rerandomized" in parse_header(path).get("warn", "")
-    for rerandomize, factor in ((False, 1.0), (False, -1.0), (True, 3.0)):
+    for rerandomize, factor, loaded in ((False, 1.0, False), (False, -1.0, False), (True, 3.0, False),
+                                        (True, 1.0, True)):
         if rerandomize and renamed:
             continue
-        expected, got = _run_submission(path, _task_of(path), rerandomize=rerandomize, factor=factor)
+        expected, got = _run_submission(path, _task_of(path), rerandomize=rerandomize, factor=factor, loaded=loaded)
         # NaN where the reference's own is (a log of negated inputs): a set the verifier counts as invalid
-        assert torch.allclose(expected, got, atol=1e-4, rtol=1e-4, equal_nan=True), (rerandomize, factor)
+        assert torch.allclose(expected, got, atol=1e-4, rtol=1e-4, equal_nan=True), (rerandomize, factor, loaded)
 
 
 def test_process_patching_submissions_build_in_a_throwaway_process():

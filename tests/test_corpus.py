@@ -32,7 +32,9 @@ def test_corpus_verdicts(case):
             protocol = protocol.with_overrides(timing_budget_s=case.budget_s[name])
         verdict = check(task, submission, protocol, FAULT_OPTIONS if case.path.parent.name == "faults" else OPTIONS)
         allowed = case.expect[name].split("|")
-        assert verdict.status.value in allowed, f"{name}: {verdict.status.value} ({verdict.message[:300]})"
+        # the run's secret picks every seed: with it, a failure here can be reproduced and examined
+        assert verdict.status.value in allowed, \
+            f"{name}: {verdict.status.value} ({verdict.message[:300]}; secret {verdict.reproducer.get('secret')})"
         for warning in case.warn.get(name, "").split(","):
             if warning:
                 assert warning in verdict.warnings, f"{name}: missing warning {warning}: {verdict.warnings}"

@@ -165,19 +165,38 @@ def test_a_job_without_submission_code_runs_unconfined():
     assert outcome.isolation == "none" and not outcome.ran_submission
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _processes_with(marker: str, tree_of: int | None = None, known: dict | None = None) -> list[int]:
+    """Live processes whose environment carries the marker, plus (where /proc/PID/environ is closed to us, as
+    in a container without CAP_SYS_PTRACE) the descendants of `tree_of`, and the `known` ones (pid → start
+    time) that are still the same process."""
+    found, children = set(), {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or (stat := _stat(int(name))) is None or stat[1] == "Z":
             continue
+        children.setdefault(stat[0], []).append(int(name))
         try:
-            environ = Path(f"/proc/{name}/environ").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if marker.encode() in Path(f"/proc/{name}/environ").read_bytes():
+                found.add(int(name))
         except OSError:
-            continue
-        if marker.encode() in environ and state != "Z":
-            found.append(int(name))
-    return found
+            pass
+    stack = [tree_of] if tree_of is not None and _stat(tree_of) else []
+    while stack:
+        pid = stack.pop()
+        found.add(pid)
+        stack.extend(children.get(pid, []))
+    for pid, started in (known or {}).items():
+        if (stat := _stat(pid)) and stat[2] == started and stat[1] != "Z":
+            found.add(pid)
+    return sorted(found)
 
 
 HANGS_AND_SPAWNS = """
@@ -200,27 +219,73 @@ def test_nothing_outlives_a_killed_check(tmp_path):
     submission = tmp_path / "hangs.py"
     submission.write_text(HANGS_AND_SPAWNS)
     marker = f"KBV_LIFETIME_{uuid.uuid4().hex}"
-    env = {**os.environ, marker: "1"}
+    # The CLI runs in tmp_path: an uninstalled checkout (PYTHONPATH=.) must still import kbverify there.
+    env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cli = subprocess.Popen([sys.executable, "-m", "kbverify", "check", str(submission), "--task",
                             str(REPO / "tasks/basic/level1/1_ReLU.py"), "--protocol", "verified",
                             "--hang-floor", "0"],  # the forward must hang until the CLI is killed
-                           env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"))
     try:
         deadline = time.monotonic() + 90
-        while len(_processes_with(marker)) < 4 and time.monotonic() < deadline:  # CLI, server, worker, sleep
+        while len(_processes_with(marker, cli.pid)) < 4 and time.monotonic() < deadline:  # CLI, server, worker, sleep
             time.sleep(0.2)
         time.sleep(1.0)
-        assert len(_processes_with(marker)) >= 4, "the check never reached its hanging forward"
+        started = _processes_with(marker, cli.pid)
+        assert len(started) >= 4, (f"the check never reached its hanging forward (CLI exit {cli.poll()}): "
+                                   f"{(tmp_path / 'stderr').read_text()[-600:]}")
+        known = {pid: stat[2] for pid in started if (stat := _stat(pid))}
         cli.kill()
         cli.wait()
+        known.pop(cli.pid, None)
         deadline = time.monotonic() + 5
-        while _processes_with(marker) and time.monotonic() < deadline:
+        while _processes_with(marker, known=known) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in _processes_with(marker)}
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in _processes_with(marker, known=known)}
         assert left == {}, f"processes outlived the killed CLI: {left}"
     finally:
-        for pid in _processes_with(marker):
+        for pid in _processes_with(marker, known=locals().get("known")):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+FORGES_PROVENANCE = """
+import torch
+import torch.nn as nn
+
+# What a worker that ran this would report of the machine: a newer torch, another CUDA, another GPU.
+torch.__version__ = "9.9.9+forged"
+torch.version.cuda = "99.9"
+torch.cuda.get_device_name = lambda *args, **kwargs: "NVIDIA H900 (forged)"
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+"""
+
+
+def test_a_submission_cannot_forge_the_verdicts_provenance(tmp_path):
+    """The versions on a verdict come from a probe worker that ran no submission code, not from the last worker
+    (under `original` that is the one job, which ran the submission)."""
+    import torch
+
+    from kbverify.protocols import ORIGINAL
+    from kbverify.runner import CheckOptions, check
+    from kbverify.submissions import load_submission
+    from kbverify.tasks import load_task
+
+    submission = tmp_path / "forges.py"
+    submission.write_text(FORGES_PROVENANCE)
+    verdict = check(load_task(REPO / "tasks/basic/level1/1_ReLU.py"), load_submission(submission), ORIGINAL,
+                    CheckOptions(device="cpu", timeout_s=120.0))
+    assert verdict.status.value == "passed", verdict.message
+    assert verdict.provenance["torch"] == torch.__version__, verdict.provenance
+    assert verdict.provenance["cuda"] == torch.version.cuda
+    assert "forged" not in json.dumps(verdict.provenance)
+    # a timing on a CPU says its device was not checked for other processes, and is not flagged for it
+    looks = verdict.timing["gpu_processes"]
+    assert [look["when"] for look in looks] == ["before", "after"]
+    assert all(look["checked"] is False and "not a GPU" in look["reason"] for look in looks)
+    assert "gpu_processes_unchecked" not in verdict.warnings

@@ -56,7 +56,7 @@ def test_the_first_block_holds_the_two_commands_and_ci_runs_the_second():
     commands = [line for line in first if line and not line.startswith("#")]
     assert commands == [
         "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && kbverify demo",
-        "python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test]' && "
+        "python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test,ray]' && "
         "python3 -m pytest -m \"not gpu\""]
     assert (REPO / ".ci" / "run").read_text().rstrip().splitlines()[-1] == commands[1]
 

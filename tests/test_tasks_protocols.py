@@ -80,10 +80,14 @@ def test_protocol_files_override_presets_and_reject_unknown_fields(tmp_path):
 def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
     plan = plan_input_sets(VERIFIED, [("original", {}), ("hidden:0", {"batch_size": 8})], secret="s")
     per_shape = VERIFIED.trials * len(VERIFIED.distributions)
-    assert len(plan) == 2 * per_shape + VERIFIED.trials * len(VERIFIED.rerandomized_distributions)
+    assert len(plan) == 2 * per_shape + VERIFIED.trials * (len(VERIFIED.rerandomized_distributions)
+                                                            + len(VERIFIED.loaded_distributions))
     assert {s.distribution for s in plan} == set(VERIFIED.distributions)
-    assert {s.weights for s in plan} == {"default", "rerandomized"}
-    assert {s.shape for s in plan if s.weights == "rerandomized"} == {"original"}
+    assert {s.weights for s in plan} == {"default", "rerandomized", "loaded"}
+    assert {s.shape for s in plan if s.weights != "default"} == {"original"}
+    # the load_state_dict sets use the construction sets' weights: one re-randomised state, two routes to it
+    assert {s.weight_seed for s in plan if s.weights == "loaded"} == {s.weight_seed for s in plan
+                                                                       if s.weights == "rerandomized"}
     assert {s.distribution for s in plan if s.shape == "hidden:0"} == set(VERIFIED.distributions)
     assert len({s.set_id for s in plan}) == len(plan)
     other = plan_input_sets(VERIFIED, [("original", {})], secret="t")

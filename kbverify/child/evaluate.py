@@ -10,14 +10,13 @@ import io
 import os
 import stat
 import time
-from typing import Callable
-
+from dataclasses import dataclass
 import torch
 
 from kbverify.child import guards
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
-from kbverify.child.handover import Construction, HandoverPlan
+from kbverify.child.construct import WeightsRefused, construct_candidate, load_weights, names_of
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
 from kbverify.child.precision import set_tf32
 from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
@@ -44,14 +43,17 @@ def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
     return namespaces
 
 
+# 0/1 entries that are weights or statistics, not masks: a norm's affine, a BatchNorm's running mean and variance
+# (0 and 1 until trained, which a kernel folding them as if they were the identity would rely on)
+REDRAWN_ANYWAY = ("weight", "bias", "running_mean", "running_var")
 DEVICE_DRAW_MIN_NUMEL = 1 << 26  # 64 M elements: a quarter of a second or more on a CPU
 
 
 def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> dict:
     """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
 
-    Signs follow the original (a positive-only tensor such as a variance stays positive); 0/1 buffers are masks,
-    structure rather than weights, and stay as they are. Tensors are drawn on the CPU, the same on every machine,
+    Signs follow the original (a positive-only tensor such as a variance stays positive); other 0/1 buffers are
+    masks, structure rather than weights, and stay as they are. Tensors are drawn on the CPU, the same on every machine,
     except those above DEVICE_DRAW_MIN_NUMEL elements, drawn on `draw_device` when given: 10⁹ parameters take
     seconds on a CPU and milliseconds on a GPU, but a GPU's draws depend on its generator and launch shape, so
     processes that must agree pass the same device, and such weights reproduce on that GPU model only.
@@ -64,7 +66,7 @@ def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> d
         large = draw_device is not None and value.numel() > DEVICE_DRAW_MIN_NUMEL
         device = torch.device(draw_device) if large else torch.device("cpu")
         original = value.detach().float().to(device)
-        if bool(((original == 0) | (original == 1)).all()) and not name.endswith(("weight", "bias")):
+        if bool(((original == 0) | (original == 1)).all()) and not name.endswith(REDRAWN_ANYWAY):
             state[name] = value
             continue
         generator = torch.Generator(device=device).manual_seed(derive_seed(str(seed), "param", index, name))
@@ -78,120 +80,15 @@ def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> d
     return state
 
 
-def _matches(target: torch.nn.Module, state: dict) -> bool:
-    own = target.state_dict()
-    return own.keys() == state.keys() and all(own[k].shape == state[k].shape for k in own)
-
-
-def construct_candidate(ModelNew: type, init_inputs: list, state: dict, *,
-                        default_state: Callable[[], dict] | None = None,
-                        reseed: Callable[[], list] | None = None) -> tuple[torch.nn.Module, str | None]:
-    """ModelNew built with the reference's weights: handed over as `__init__` assigns them, then the rest loaded.
-    Returns the model and how the weights reached it: "by_name" (the state_dicts match), "by_value" (other names,
-    but ModelNew's own initialisation under the shared seed equals Model's `default_state()` entry for entry, and
-    that equality says which entry is which), or None. `reseed()` puts the generators back where they were when
-    `init_inputs` had just been made and returns a fresh copy of them (an `__init__` may consume its arguments);
-    without it nothing is built twice.
-
-    Without the match by value, renaming every parameter would keep re-randomised weights away from a kernel, and
-    with them the checks that catch one assuming the default initialisation (an affine left out, say)."""
-    candidate, delivered, plan = _built(ModelNew, init_inputs, state)
-    if _matches(candidate, state):
-        if reseed is not None and plan.worth_replaying(state, delivered):
-            init_inputs = reseed()
-            candidate, delivered, _ = _built(ModelNew, init_inputs, state, plan)
-        else:
-            plan = None
-        return _load_rest(ModelNew, init_inputs, state, candidate, delivered, reseed, plan), "by_name"
-    if default_state is None or reseed is None:
-        return candidate, None
-    renamed = _state_by_value(candidate.state_dict(), state, default_state())
-    if renamed is None:
-        return candidate, None
-    init_inputs = reseed()  # the same draws as the first construction, so what __init__ derives is derived alike
-    # the plan's entries are the candidate's own names, which `renamed` uses: it replays as it is
-    plan = plan if plan.worth_replaying(renamed, delivered) else None
-    candidate, delivered, _ = _built(ModelNew, init_inputs, renamed, plan)
-    if not _matches(candidate, renamed):
-        return candidate, None
-    return _load_rest(ModelNew, init_inputs, renamed, candidate, delivered, reseed, plan), "by_value"
-
-
-def _built(ModelNew: type, init_inputs: list, state: dict,
-           plan: HandoverPlan | None = None) -> tuple[torch.nn.Module, set[str], HandoverPlan]:
-    """ModelNew built with `state` handed over as it is created (`kbverify.child.handover`): at the top level only, or,
-    with a plan recorded by an earlier build from the same seed, wherever the plan says."""
-    construction = Construction(state, ModelNew, plan)
-    with construction:
-        candidate = ModelNew(*init_inputs)
-    return candidate, construction.delivered, construction.plan_for(candidate)
-
-
-def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.nn.Module, delivered: set[str],
-               reseed: Callable[[], list] | None, plan: HandoverPlan | None = None) -> torch.nn.Module:
-    """Load what __init__ did not receive, and what it received but then replaced by something that does not
-    depend on it (`reset_parameters()`, an `nn.init` call). What it derived from what it received (a constant
-    folded in place, a normalised copy) stays: the two are told apart by building once more, from the same seed,
-    with other values handed over, and seeing which entries follow them."""
-    own = candidate.state_dict()
-    changed = [key for key in delivered if key in own
-               and not torch.equal(own[key], state[key].to(own[key].device, own[key].dtype))]
-    replaced = set()
-    if changed:
-        if reseed is None:
-            replaced = set(changed)  # cannot tell: the weights checked with win
-        else:
-            other = {key: _perturbed(value) for key, value in state.items()}
-            try:
-                probe = _built(ModelNew, reseed(), other, plan)[0].state_dict()
-                replaced = {key for key in changed if key in probe and torch.equal(probe[key], own[key])}
-            except Exception:  # noqa: BLE001 - the probe's values broke __init__: keep what it derived
-                replaced = set()
-            # the kept model is the last one built: module-level state and the generators are its own
-            candidate, delivered, _ = _built(ModelNew, reseed(), state, plan)
-    candidate.load_state_dict({key: value for key, value in state.items()
-                               if key not in delivered or key in replaced}, strict=False)
-    return candidate
-
-
-def _perturbed(value):
-    """Other values of the same kind for the probe construction: shifted by one place (so a clamp, a sign or an
-    all-equal tensor still sees a change) and, for floating tensors, mapped through -2x-1 in float32 (float8 has
-    no arithmetic of its own)."""
-    if not isinstance(value, torch.Tensor) or value.numel() < 2 and not value.is_floating_point():
-        return value
-    rolled = value.flatten().roll(1).view_as(value)
-    if value.is_floating_point():
-        return (-2 * rolled.float() - 1).to(value.dtype)
-    return rolled
-
-
-def _state_by_value(own: dict, state: dict, default: dict) -> dict | None:
-    """`state` under the candidate's names. Each of its entries is paired with the one entry of Model's that has
-    its shape, dtype and, under the shared seed, its exact initial value (Model's default, or the value already
-    handed over where a name matched); None when an entry has no such partner or more than one (two BatchNorm
-    weights both initialised to ones, say), since a wrong pairing would fail an honest kernel."""
-    if len(own) != len(state) or set(state) != set(default):
-        return None
-    renamed, taken = {}, set()
-    for own_key, own_value in own.items():
-        initial = own_value.detach().to("cpu")
-        partners = [key for key, value in state.items()
-                    if value.shape == own_value.shape and value.dtype == own_value.dtype
-                    and (torch.equal(initial, default[key].detach().to("cpu"))
-                         or torch.equal(initial, value.detach().to("cpu")))]
-        if len(partners) != 1 or partners[0] in taken:
-            return None
-        taken.add(partners[0])
-        renamed[own_key] = state[partners[0]]
-    return renamed
-
-
 def in_protocol_mode(candidate: torch.nn.Module, train: bool) -> torch.nn.Module:
     """A module is built in training mode, which is the mode KernelBench runs both models in; `.train(True)` would
     also switch back any submodule the candidate put in eval mode itself (a BatchNorm on running statistics is
     cheaper and wrong there). So only an eval-mode protocol changes the candidate's modes, all of them."""
     return candidate if train else candidate.eval()
+
+
+# the weight regimes whose reference holds fresh draws: handed over at construction, or loaded after it
+REDRAWN = ("rerandomized", "loaded")
 
 
 def build_reference(namespace: dict, weight_seed: int, weights: str, device, train: bool, *, draw_device=None):
@@ -200,7 +97,7 @@ def build_reference(namespace: dict, weight_seed: int, weights: str, device, tra
     set_seed(weight_seed)
     init_inputs = namespace["get_init_inputs"]()
     model = namespace["Model"](*init_inputs).to(device)
-    if weights == "rerandomized":
+    if weights in REDRAWN:
         model.load_state_dict(rerandomized_state(model, weight_seed, draw_device or device))
     return model.train(train), init_inputs
 
@@ -283,48 +180,104 @@ def candidate_job(payload: dict) -> dict:
     return record
 
 
+UNMAPPED = ("weights_not_rerandomized: ModelNew's state_dict matches Model's neither by name nor by value (each "
+            "entry equal to exactly one of Model's under the shared seed), and its load_state_dict refuses Model's")
+
+
+@dataclass
+class _Seeded:
+    """What every construction for one (shape, weight seed) shares: the generators as they were when ModelNew was
+    first called (seeded, init inputs drawn), and Model's default weights under that seed."""
+
+    namespace: dict
+    seed: int
+    train: bool
+    default: dict | None = None
+
+    def reseed(self) -> list:
+        set_seed(self.seed)
+        return self.namespace["get_init_inputs"]()
+
+    def default_state(self) -> dict:
+        if self.default is None:
+            self.default = build_reference(self.namespace, self.seed, "default", torch.device("cpu"),
+                                           self.train)[0].state_dict()
+        return self.default
+
+    def construct(self, ModelNew: type, state: dict):
+        return construct_candidate(ModelNew, self.reseed(), state, default_state=self.default_state,
+                                   reseed=self.reseed)
+
+
 def _build_candidate(ModelNew, namespace, input_set, device, train, record):
     """The candidate model for one (shape, weights) pair, or a string saying why there is none."""
+    weights, seeded = input_set["weights"], _Seeded(namespace, input_set["weight_seed"], train)
     try:
-        reference, init_inputs = build_reference(namespace, input_set["weight_seed"], input_set["weights"],
-                                                 torch.device("cpu"), train, draw_device=device)
-        seed = input_set["weight_seed"]
-
-        def default_state() -> dict:
-            if input_set["weights"] == "default":
-                return reference.state_dict()
-            return build_reference(namespace, seed, "default", torch.device("cpu"), train)[0].state_dict()
-
-        def reseed() -> list:  # the generator as it was when ModelNew was first called: seeded, init inputs drawn
-            set_seed(seed)
-            return namespace["get_init_inputs"]()
-
-        set_seed(seed)
-        candidate, how = construct_candidate(ModelNew, namespace["get_init_inputs"](), reference.state_dict(),
-                                             default_state=default_state, reseed=reseed)
+        state = build_reference(namespace, seeded.seed, weights, torch.device("cpu"), train,
+                                draw_device=device)[0].state_dict()
+        if weights == "default":
+            seeded.default = state
+        if weights == "loaded":
+            return _loaded(ModelNew, seeded, state, input_set, device, record)
+        candidate, how = seeded.construct(ModelNew, state)
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
-    if how is None and input_set["weights"] == "rerandomized":
-        try:  # would it pair when handed the default weights?
-            layout_changed = construct_candidate(ModelNew, reseed(), default_state(), default_state=default_state,
-                                                 reseed=reseed)[1] is not None
-        except BaseException:  # noqa: BLE001 - then it does not pair either way
-            layout_changed = False
-        if layout_changed:
+    if how is None:
+        if weights == "rerandomized" and _layout_changed(ModelNew, seeded):
             # Its parameters pair with Model's when handed the default weights and not when handed others: a
             # layout that depends on the values it receives is how a kernel would dodge the re-randomised sets.
             return ("weights_layout_changed: ModelNew's state_dict pairs with Model's for the default weights but "
                     "not for re-randomised ones")
-        record["warnings"].append("weights_not_rerandomized")
-        return ("weights_not_rerandomized: ModelNew's state_dict matches Model's neither by name nor by value "
-                "(each entry equal to exactly one of Model's under the shared seed)")
+        # Not paired at construction; its own load_state_dict may still take Model's weights under Model's names
+        # (a parameter kept in another layout, translated by a hook), and then every set gets them that way.
+        loaded = _loaded(ModelNew, seeded, state, input_set, device, record, warm=False)
+        if weights != "default" or not isinstance(loaded, str):
+            return loaded
+        try:  # default weights by no route: the candidate as it builds itself, built again (the load touched it)
+            candidate = seeded.construct(ModelNew, state)[0]
+        except BaseException as error:  # noqa: BLE001
+            return "construct_error: " + short_error(error)
     if how == "by_value" and "weights_matched_by_value" not in record["warnings"]:
         record["warnings"].append("weights_matched_by_value")
-    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = how
+    record["weights_loaded"][f"{input_set['shape']}/{weights}"] = how
     try:
         return in_protocol_mode(candidate.to(device), train)
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
+
+
+def _layout_changed(ModelNew: type, seeded: _Seeded) -> bool:
+    """Whether a candidate that pairs with no re-randomised state would pair when handed the default one."""
+    try:
+        return seeded.construct(ModelNew, seeded.default_state())[1] is not None
+    except BaseException:  # noqa: BLE001 - then it does not pair either way
+        return False
+
+
+def _loaded(ModelNew, seeded: _Seeded, state: dict, input_set: dict, device, record: dict, *, warm: bool = True):
+    """ModelNew built as a user builds it (Model's default weights at construction), called once on the task's
+    own inputs when `warm` (so a copy derived at the first call and kept is stale after the load), then given
+    `state` through its own load_state_dict (`kbverify.child.construct.load_weights`); or why not."""
+    try:
+        default = seeded.default_state()
+        candidate = seeded.construct(ModelNew, default)[0]
+        names = names_of(candidate.state_dict(), default)  # before a call moves any running statistics
+        candidate = in_protocol_mode(candidate.to(device), seeded.train)
+        if warm:
+            own = set_inputs(seeded.namespace, {**input_set, "distribution": "x1"}, device)
+            _call(candidate, own, derive_seed(str(input_set["seed"]), "call"))
+        how = load_weights(candidate, state, names)
+    except WeightsRefused as refused:
+        return "weights_load_refused: ModelNew's load_state_dict raised on Model's weights under its own names: " \
+               + str(refused)
+    except BaseException as error:  # noqa: BLE001
+        return "construct_error: " + short_error(error)
+    if how is None:
+        if input_set["weights"] != "default" and "weights_not_rerandomized" not in record["warnings"]:
+            record["warnings"].append("weights_not_rerandomized")
+        return UNMAPPED
+    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = "load_state_dict:" + how
+    return candidate
 
 
 def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
@@ -428,20 +381,45 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
 _IPC_MAGIC = b"KBV-CUDA-IPC\n"
 
 
-def _read_regular(path: str) -> bytes:
-    """A hand-over file's bytes, read only if it is a plain file: the folder is the candidate's to write, and a
-    link or a FIFO planted there must not make the judge read elsewhere or wait for ever."""
+# What a judge reads of a candidate's hand-over is bounded by what the reference's outputs can be: every element
+# the reference returns, twice over (a candidate output of another shape is read, so that it is judged a shape
+# mismatch), at 8 bytes (float64) or the reference's own element size where wider, plus the container's own bytes.
+# A larger file (a sparse one costs its writer nothing) is the candidate's failure, and is never read.
+HANDOVER_ELEMENT_FACTOR = 2
+HANDOVER_CONTAINER_BYTES = 16 << 20
+
+
+def handover_limit(reference: list) -> int:
+    return HANDOVER_CONTAINER_BYTES + HANDOVER_ELEMENT_FACTOR * sum(
+        t.numel() * max(t.element_size(), 8) for t in reference if isinstance(t, torch.Tensor))
+
+
+def _read_regular(path: str, limit_bytes: int) -> bytes:
+    """A hand-over file's bytes, read only if it is a plain file of at most `limit_bytes`: the folder is the
+    candidate's to write, and a link or a FIFO planted there must not make the judge read elsewhere or wait for
+    ever, nor a huge file exhaust its memory (it may still grow while read: no more than the limit is read)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise ValueError("the hand-over is not a plain file")
+        if status.st_size > limit_bytes:
+            raise ValueError(_too_large(status.st_size, limit_bytes))
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read()
+            data = handle.read(limit_bytes + 1)
+        if len(data) > limit_bytes:
+            raise ValueError(_too_large(len(data), limit_bytes))
+        return data
     finally:
         os.close(fd)
 
 
-def _load_ipc(data: bytes) -> list:
+def _too_large(size: int, limit_bytes: int) -> str:
+    return (f"the hand-over holds {size} bytes, more than the reference's outputs allow ({limit_bytes} bytes): "
+            "refused unread")
+
+
+def _load_ipc(data: bytes, limit_bytes: int) -> list:
     """Rebuild shared CUDA tensors from a candidate's IPC handles, allowing no other code to run (the file comes
     from untrusted code), and copy them at once."""
     import pickle
@@ -462,6 +440,9 @@ def _load_ipc(data: bytes) -> list:
     shared = Restricted(io.BytesIO(data[len(_IPC_MAGIC):])).load()
     if not isinstance(shared, list) or not all(type(t) is torch.Tensor for t in shared):
         raise ValueError("an IPC hand-over holds a list of tensors")
+    size = sum(t.numel() * t.element_size() for t in shared)  # what the clones below take
+    if size > limit_bytes:
+        raise ValueError(_too_large(size, limit_bytes))
     return [t.clone() for t in shared]
 
 
@@ -483,15 +464,19 @@ def _discard(outdir: str, set_id: str) -> None:
             pass
 
 
-def take_output(outdir: str, set_id: str, device):
-    """The candidate's output for a set (None if it produced none), removing it so the candidate may go on."""
+def take_output(outdir: str, set_id: str, device, limit_bytes: int):
+    """The candidate's output for a set (None if it produced none), removing it so the candidate may go on. A
+    hand-over over `limit_bytes` (handover_limit of the reference's outputs) raises ValueError, unread; with a
+    limit of 0 nothing is read and None returned (a set whose output is not used)."""
     path, skip = _output_path(outdir, set_id), _skip_path(outdir, set_id)
     while True:
         if os.path.lexists(path):
             try:
-                data = _read_regular(path)
+                if limit_bytes == 0:
+                    return None
+                data = _read_regular(path, limit_bytes)
                 if data.startswith(_IPC_MAGIC):
-                    outputs = _load_ipc(data)
+                    outputs = _load_ipc(data, limit_bytes)
                     torch.cuda.synchronize()
                     return outputs
                 return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
@@ -538,7 +523,7 @@ def judge_job(payload: dict) -> dict:
                 break
         if not record["sets"][set_id].get("valid"):
             try:
-                take_output(outdir, set_id, "cpu")  # unused, but the candidate waits until it is taken
+                take_output(outdir, set_id, "cpu", 0)  # unused, unread, but the candidate waits until it is taken
             except Exception:  # noqa: BLE001 - whatever the candidate left there is its own, never the judge's fault
                 _discard(outdir, set_id)
     return record
@@ -579,7 +564,7 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
     # the set's reference work is done: the parent reads the reference's pace from these phases (kbverify.hang)
     announce(f"judge:compare:{input_set['set_id']}")
     try:
-        candidate = take_output(outdir, input_set["set_id"], device)
+        candidate = take_output(outdir, input_set["set_id"], device, handover_limit(reference))
         if candidate is not None:
             entry["comparison"] = summarize(reference, candidate)
             if truth is not None:

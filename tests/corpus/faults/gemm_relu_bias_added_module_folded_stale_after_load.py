@@ -1,7 +1,8 @@
 # kbverify-test: task=tasks/basic/level2/2_Gemm_ReLU_BiasAdd.py
-# expect: original=passed verified=passed
-# why: registers its linear layer with add_module (not by assignment) and then scales it in place: relu(2z)/2 =
-#   relu(z), right for any weights, which must reach the layer when it is registered, before the fold
+# expect: original=passed verified=incorrect
+# why: registers its linear layer with add_module and scales it in place in __init__: right for the weights it
+#   is built with (they reach the layer when it is registered), wrong once a user loads Model's weights into it.
+#   Honest twin: honest/gemm_relu_bias_added_module_folded_load_override
 import torch
 import torch.nn as nn
 

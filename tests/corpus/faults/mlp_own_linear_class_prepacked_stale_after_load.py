@@ -1,7 +1,8 @@
 # kbverify-test: task=tasks/basic/level3/1_MLP.py
-# expect: original=passed verified=passed
+# expect: original=passed verified=incorrect
 # why: its own Linear subclass scales and pre-transposes its weight in its own __init__ (undone in forward), built
-#   as locals and only then put in a Sequential: the re-randomised weights must reach each layer as it is created
+#   as locals and only then put in a Sequential: right for the weights it is built with, stale after a user's
+#   load_state_dict. Honest twin: honest/mlp_own_linear_class_prepacked_repacked_on_load
 import torch
 import torch.nn as nn
 

@@ -1,8 +1,8 @@
 # kbverify-test: task=tasks/basic/level2/1_Conv2D_ReLU_BiasAdd.py
-# expect: original=passed verified=passed
+# expect: original=passed verified=incorrect
 # why: folds a constant into the convolution's own parameters in place in __init__ (as a published level-2 kernel
-#   folds its scale): relu(2z)/2 = relu(z) exactly, so it is right for whatever weights it is given; loading the
-#   weights again after __init__ would undo the fold and fail it on every set
+#   folds its scale): right for the weights it is built with; a user's load_state_dict of Model's weights undoes
+#   the fold, and the load_state_dict sets fail it. Honest twin: honest/conv_relu_bias_prescaled_in_place_load_pre_hook
 import torch
 import torch.nn as nn
 

@@ -1,8 +1,9 @@
 # kbverify-test: task=tasks/basic/level2/1_Conv2D_ReLU_BiasAdd.py
-# expect: original=passed verified=passed
-# why: the fold happens inside a module class of the submission's own, in that class's __init__, before ModelNew
-#   attaches it: relu(2z)/2 = relu(z) exactly, so it is right for whatever weights it is given, which must reach
-#   the convolution as it is created, not when ModelNew receives the finished block
+# expect: original=passed verified=incorrect
+# why: folds a constant into its convolution in its own block class's __init__ (relu(2z)/2 = relu(z)) and
+#   nothing else: right for the weights it is built with, which the construction handover gives it, and wrong for
+#   weights a user loads afterwards (load_state_dict puts Model's values back, unfolded): the load_state_dict sets
+#   fail it. Honest twin: honest/conv_relu_bias_folded_in_own_block_init_and_on_load
 import torch
 import torch.nn as nn
 
