@@ -280,9 +280,13 @@ def test_the_known_2x_and_the_a_a_hold_in_sync_mode():
     CPU the two kinds measure alike, so this holds the whole host-kind path (the parent's batches, the worker's
     calls, the clocks) to the same 2x and 1x the device kind gives."""
     twice = _speed_in_sync_mode(TWICE)
-    assert 0.45 < twice.speedup < 0.55, twice.speedup
-    host = twice.timing["clocks"]["host"]
+    # half as many rounds of each kind as the device kind alone gets, on a shared 2-core machine: a little wider
+    # than the device kind's own test (the second call of the same work also finds warm caches on a CPU)
+    assert 0.45 < twice.speedup < 0.6, twice.speedup
+    host, device = twice.timing["clocks"]["host"], twice.timing["clocks"]["device"]
     assert host["speedup"] == twice.speedup and host["n_rounds"] == len(twice.timing["interleaved"]["rounds"])
+    # the two kinds time the same calls the same way here: their intervals meet
+    assert host["ci"][0] <= device["ci"][1] and device["ci"][0] <= host["ci"][1], (host, device)
     same = _speed_in_sync_mode(SAME)
     assert 0.85 < same.speedup < 1.15, same.speedup
     assert same.speed_class in ("same", "ambiguous")
