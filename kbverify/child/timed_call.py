@@ -117,10 +117,8 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
     skips the stream order and starts on another stream at once reads the previous call's values (aliased
     inputs, subclasses and strided slices are the exceptions: they go to the call as drawn).
 
-    In the `host` kind there is no hold: the inputs' copies and the flush are waited for, and the events then
-    time the call from an idle device, its launches and any wait inside it included (nvbench's sync mode,
-    KernelBench's events): what a caller that waits on each call sees. A forward that synchronises inside waits
-    out a hold, so only this kind times it the way it runs.
+    The `host` kind has no hold: the copies and the flush are waited for, then the events time the call from an
+    idle device, launches and waits inside it included (nvbench's sync mode): what a waiting caller sees.
 
     Between the inputs' existence and the start event the harness does nothing a submission could hook: the
     thread and mode counts come first. The garbage collector, whose callbacks a submission may register (to run
