@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from kbverify.errors import KbverifyError
+from kbverify import hang as hang_module
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="kbverify: is this kernel really correct, and really faster, and how sure are we?")
@@ -53,7 +54,7 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
           min_speedup: Optional[float] = typer.Option(None, "--min-speedup"),
           secret: Optional[str] = typer.Option(None, "--secret", help="reuse a verdict's seeds (see its reproducer)"),
           timeout: float = typer.Option(600.0, "--timeout", help="seconds per worker process"),
-          hang_floor: float = typer.Option(20.0, "--hang-floor",
+          hang_floor: float = typer.Option(hang_module.FLOOR_S, "--hang-floor",
                                            help="seconds a forward may send no progress before it is a timeout: "
                                                 "the floor of max(this, 50 x the reference's call); 0: --timeout only"),
           json_out: bool = typer.Option(False, "--json", help="one JSON object on stdout"),

@@ -11,9 +11,10 @@ Only phases in which submission code runs forwards are held to it. Loading the s
 bounds: a compile takes minutes and says nothing while it runs. A submission can announce phases as it likes, so
 it can dodge the budget that way; that buys it only the outer `--timeout`, which is a cost, never a verdict.
 
-Defaults: FLOOR_S = 20 s, FACTOR = 50. A millisecond task's hang then ends 20 s after its last message (its
-forward starting), well within the minute the issue asks for; a reference whose call takes 2 s gives a slow but
-honest kernel 100 s per forward. The factor covers a candidate up to ~15× slower than the reference per call in
+Defaults: FLOOR_S = 45 s, FACTOR = 50. A millisecond task's hang then ends 45 s after its last message (its
+forward starting), within the minute SPEC §5 asks for, and a first forward that compiles without saying so
+(torch.compile, Triton autotuning: tens of seconds on an H200) is not read as a hang; a reference whose call
+takes 2 s gives a slow but honest kernel 100 s per forward. The factor covers a candidate up to ~15× slower than the reference per call in
 a timing batch of three calls, plus the first call's one-time costs (the reference's estimate includes its own).
 The reference's call time comes only from a process that ran no submission code: the judge beside the candidate
 (kbverify.child.evaluate announces `judge:<set>` when it starts a set's reference work and `judge:compare:<set>`
@@ -26,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-FLOOR_S = 20.0
+FLOOR_S = 45.0
 FACTOR = 50.0
 
 # Phases in which submission code runs forwards (the verified pipeline's workers).
