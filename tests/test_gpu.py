@@ -237,7 +237,7 @@ NORMALIZE_TASK = GPU_TASKS / "level1" / "13_NormalizeByMax_item.py"
 BLOCKING_TWINS = {"scale_shift_relu_cuda_device_sync": "scale_shift_relu_cuda",
                   "scale_shift_relu_item_check": "scale_shift_relu_torch_ops",
                   "scale_shift_relu_host_copy": "scale_shift_relu_torch_ops"}
-KERNELBENCH_RUNS = 3  # KernelBench's own measurement, run this often for its run-to-run spread
+KERNELBENCH_RUNS = 2  # KernelBench's own measurement, run this often for its run-to-run spread (GPU time is scarce)
 SPREAD_PAD = 1.05  # beyond the observed spread of those runs: a 100-trial mean moves this much between processes
 
 
