@@ -336,7 +336,6 @@ def _hostile(root: Path, good_store: Path) -> dict:
     files = {f"loop_{name}": _loop(root, name) for name in ("sub.py", "task.py", "store.sqlite", "run.jsonl",
                                                             "protocol.json", "select.json", "scores.jsonl", "out")}
     files.update({
-        "empty_submission": _write(root / "empty.py", ""),
         "latin1_submission": _write(root / "latin1.py", latin1 + HONEST.encode()),
         "huge_submission": _write(root / "huge.py", b"#" * (1 << 20) + b"\xff\n"),
         "empty_task": _write(root / "level1" / "3_Empty.py", ""),
@@ -433,7 +432,7 @@ def _rescore(w, o, *more):
     return ["rescore", w.jsonl, "--store", o / "s.sqlite", "--device", "cpu", *more]
 
 
-STORE_FILES = ("loop_store.sqlite", "empty_store", "header_only_store", "half_store", "garbage_store", "record_list", "record_number", "record_null", "record_speedup_text",
+STORE_FILES = ("loop_store.sqlite", "header_only_store", "half_store", "garbage_store", "record_list", "record_number", "record_null", "record_speedup_text",
                "record_missing_task")
 JSONL_ROWS = ("empty_jsonl", "binary_jsonl", "latin1_jsonl", "huge_line_jsonl", "truncated_jsonl", "jsonl_list",
               "jsonl_number", "jsonl_string", "jsonl_null", "jsonl_task_number", "jsonl_task_empty", "jsonl_task_null",
@@ -447,14 +446,14 @@ BAD_PROTOCOLS = ("loop_protocol.json", "empty_protocol", "null_protocol", "huge_
 
 FUZZ = [
     # check: the submission and the task
-    *_for_each("check-submission", ("loop_sub.py", "empty_submission", "latin1_submission", "huge_submission"),
+    *_for_each("check-submission", ("loop_sub.py", "latin1_submission", "huge_submission"),
                lambda w, o, name: ["check", getattr(w, name), "--task", RELU]),
     *_for_each("check-task", ("loop_task.py", "empty_task", "binary_task", "latin1_task", "a_file"),
                lambda w, o, name: ["check", w.submission, "--task", getattr(w, name)]),
     ("check-task-is-a-folder", lambda w, o: ["check", w.submission, "--task", TASKS], [], []),
     # check, rescore, audit, rejudge: protocol files
     *_for_each("check-protocol", BAD_PROTOCOLS, lambda w, o, name: _check(w, o, "--protocol", getattr(w, name))),
-    *_for_each("check-protocol-spec", ("", ",", "verified,verified", " verified", "original;kbv"),
+    *_for_each("check-protocol-spec", ("", ",", "VERIFIED", "verified,nothing.json", "original;kbv"),
                lambda w, o, name: _check(w, o, "--protocol", name)),
     *_for_each("audit-protocol", ("empty_protocol", "protocol_atol_true"),
                lambda w, o, name: ["audit", RELU, "--protocol", getattr(w, name)]),
@@ -477,7 +476,7 @@ FUZZ = [
     *_for_each("rescore-jsonl", JSONL_ROWS, lambda w, o, name: ["rescore", getattr(w, name), "--store",
                                                                  o / "s.sqlite", "--device", "cpu"],
                not_written=["s.sqlite"]),
-    ("rescore-source-loop", lambda w, o: ["rescore", w.loop_run_jsonl, "--store", o / "s.sqlite"], [],
+    ("rescore-source-loop", lambda w, o: ["rescore", w.files["loop_run.jsonl"], "--store", o / "s.sqlite"], [],
      ["s.sqlite"]),
     ("rescore-source-binary-file", lambda w, o: ["rescore", w.binary_submission, "--store", o / "s.sqlite",
                                                  "--device", "cpu"], [], ["s.sqlite"]),
@@ -515,6 +514,10 @@ FUZZ = [
                not_written=["s.sqlite"]),
     ("rescore-report-loop", lambda w, o: _rescore(w, o, "--report", w.loop_out), ["--report"], ["s.sqlite"]),
     # score
+    # an empty file is a store to write (rescore starts one there), not one to read
+    *_for_each("read-empty-store", ("score", "report", "rejudge"), lambda w, o, command: [
+        command, w.empty_store, *(["--out", o / "report"] if command == "report" else [])],
+               lambda command: ["not a kbverify store", "empty file"]),
     *_for_each("score-store", STORE_FILES, lambda w, o, name: ["score", getattr(w, name)]),
     *_for_each("score-jsonl", ("loop_scores.jsonl", "scores_empty", "scores_binary", "scores_list",
                                "scores_correct_text", "scores_speedup_text", "scores_speedup_negative",
