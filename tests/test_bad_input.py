@@ -5,6 +5,12 @@ asserts what a script calling kbverify relies on: exit 2, exactly one line on st
 and names the problem, nothing on stdout, no traceback, nothing written where the command would have written,
 and no worker process started (the sandbox's entry points fail the test if anything reaches them), so each case
 takes milliseconds.
+
+Every case here expects exit 2. Inputs that look hostile but are not bad input are left out on purpose, because
+another code is right for them: an empty or syntactically broken submission is the submission's failure (a
+verdict, exit 1, after a worker ran it); an empty file given to `rescore --store` is a new store to write (it goes
+ahead); a protocol list that names one preset twice is taken once; a task that raises at import is the task's
+problem, with its own status (kbverify.task_probe).
 """
 
 from __future__ import annotations
