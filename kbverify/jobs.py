@@ -326,7 +326,7 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
                              "fields to group by")
         tables = {"kernelbench": score.table_to_dict(score.score_rows(rows, ps, samples="first", exclude=exclude))}
     elif source.suffix in (".sqlite", ".db") or _is_sqlite(source):
-        with Store(source) as store:
+        with Store(source, existing=True) as store:
             verdicts = [v for _, v in store.verdicts()]
             missing = store.units_without_verdict()
         verdicts, missing_clock = clocks.views(verdicts, clock)
@@ -413,7 +413,7 @@ def run_report(store_path: Path, out: Path, group_by: str | None = None, clock: 
 
     if not store_path.exists():
         raise InputError(f"{store_path}: no such store")
-    with Store(store_path) as store:
+    with Store(store_path, existing=True) as store:
         verdicts = [v for _, v in store.verdicts()]
         runs = store.runs()
         missing = store.units_without_verdict()
@@ -449,6 +449,8 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     if len(protocols) != 1:
         raise InputError("rejudge takes one protocol")
     target = protocols[0]
+    with Store(store_path, existing=True) as store:
+        store.verdicts()  # a damaged store is refused before a copy of it is made
     written = None
     if into is not None:
         if into.exists():
@@ -463,7 +465,7 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
         finally:
             source_db.close()
             copy_db.close()
-    with Store(written or store_path) as store:
+    with Store(written or store_path, existing=True) as store:
         rejudged, changes = [], []
         for unit_key, verdict in store.verdicts():
             new = rejudge_verdict(verdict, target)

@@ -122,7 +122,7 @@ def get_protocol(spec: str) -> Protocol:
         raise InputError(f"unknown protocol {spec!r}: use one of {', '.join(PRESETS)} or a protocol file")
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise InputError(f"{path}: not a protocol file: {error}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a protocol file holds a JSON object")

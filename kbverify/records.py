@@ -102,7 +102,42 @@ class Verdict:
             build["custom_kernels_seen"] = tuple(build.get("custom_kernels_seen", ()))
             data["build"] = BuildRecord(**build)
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        verdict = cls(**{k: v for k, v in data.items() if k in known})
+        _check_types(verdict)
+        return verdict
+
+
+# What score, report and rejudge compare and print: a stored record whose values have another type would fail far
+# from the store (a comparison of a string with a float), so it fails here, where it is named as damaged.
+_TEXT = ("task", "task_name", "submission", "protocol", "message")
+_NUMBERS = ("speedup", "ref_time_ms", "cand_time_ms", "claimed_speedup")
+_INTEGERS = ("level", "problem_id")
+_OBJECTS = ("timing", "reproducer", "provenance", "worker_s", "labels")
+
+
+def _check_types(verdict: "Verdict") -> None:
+    def wrong(name: str, expected: str):
+        return TypeError(f"{name} is {getattr(verdict, name)!r}, not {expected}")
+
+    for name in _TEXT:
+        if not isinstance(getattr(verdict, name), str):
+            raise wrong(name, "a string")
+    for name in _NUMBERS:
+        value = getattr(verdict, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise wrong(name, "a number")
+    for name in _INTEGERS:
+        value = getattr(verdict, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise wrong(name, "an integer")
+    if isinstance(verdict.sample, bool) or not isinstance(verdict.sample, int):
+        raise wrong("sample", "an integer")
+    for name in _OBJECTS:
+        if not isinstance(getattr(verdict, name), dict):
+            raise wrong(name, "an object")
+    if verdict.speedup_ci is not None and (len(verdict.speedup_ci) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in verdict.speedup_ci)):
+        raise wrong("speedup_ci", "two numbers")
 
 
 def _plain(value):

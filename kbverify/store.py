@@ -45,14 +45,23 @@ CREATE TABLE IF NOT EXISTS cache (
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, existing: bool = False):
+        """`existing`: a store to read (score, report, rejudge): it must be there and already hold our tables;
+        an empty file or database is refused rather than given our schema, since reading writes nothing."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
             raise InputError(f"{self.path}: a store is a file, this is a folder")
+        if existing and not self.path.is_file():
+            raise InputError(f"{self.path}: no such store")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if existing and not tables:
+                self._db.close()
+                raise InputError(f"{self.path}: not a kbverify store (an empty "
+                                 f"{'file' if self.path.stat().st_size == 0 else 'SQLite database'}); give the "
+                                 f"store a rescore wrote")
             if tables and not tables & _OURS:
                 # Someone else's database: adding our tables to it would be a half-written result of our own.
                 self._db.close()

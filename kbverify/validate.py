@@ -339,7 +339,15 @@ def _set_ids(protocol: Protocol, task: Task, hidden_dirs, *, hidden: bool) -> li
 
 # --- files ------------------------------------------------------------------------------------------------------------
 
+def _leads_nowhere(path: Path, option: str) -> None:
+    """A symlink loop, or a link to nothing: exists() calls it missing, while opening or creating through it
+    fails (ELOOP, or a file made somewhere the user did not name)."""
+    if path.is_symlink() and not path.exists():
+        raise InputError(f"{option} {path}: a symlink that leads nowhere (a loop, or its target is missing)")
+
+
 def existing(path: Path, what: str, expected: str, *, file: bool = False) -> None:
+    _leads_nowhere(path, what)
     if not path.exists():
         raise InputError(f"{path}: no such file or folder ({what}: {expected})")
     if file and not path.is_file():
@@ -347,12 +355,14 @@ def existing(path: Path, what: str, expected: str, *, file: bool = False) -> Non
 
 
 def folder(path: Path, option: str) -> None:
+    _leads_nowhere(path, option)
     if not path.is_dir():
         raise InputError(f"{option} {path}: no such folder")
 
 
 def folder_to_write(path: Path, option: str) -> None:
     """A folder that exists, or can be made: never an existing file, nor under one."""
+    _leads_nowhere(path, option)
     if path.exists() and not path.is_dir():
         raise InputError(f"{option} {path}: exists and is not a folder")
     _creatable(path, option)
@@ -367,6 +377,7 @@ def report_folder(path: Path, option: str) -> None:
 
 def output_file(path: Path, option: str) -> None:
     """A file that may exist (a store to resume) or can be made."""
+    _leads_nowhere(path, option)
     if path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file")
     _creatable(path.parent, option)

@@ -5,6 +5,12 @@ asserts what a script calling kbverify relies on: exit 2, exactly one line on st
 and names the problem, nothing on stdout, no traceback, nothing written where the command would have written,
 and no worker process started (the sandbox's entry points fail the test if anything reaches them), so each case
 takes milliseconds.
+
+Every case here expects exit 2. Inputs that look hostile but are not bad input are left out on purpose, because
+another code is right for them: an empty or syntactically broken submission is the submission's failure (a
+verdict, exit 1, after a worker ran it); an empty file given to `rescore --store` is a new store to write (it goes
+ahead); a protocol list that names one preset twice is taken once; a task that raises at import is the task's
+problem, with its own status (kbverify.task_probe).
 """
 
 from __future__ import annotations
@@ -121,6 +127,7 @@ def world(tmp_path_factory) -> World:
     files.update(_stores(root))
     files.update(_protocol_files(root))
     files.update(_sources(root))
+    files.update(_hostile(root / "hostile", files["store"]))
     return World(root=root, files=files)
 
 
@@ -313,6 +320,275 @@ CASES = [
 ]
 
 
+# --- hostile files and option values, over every command (issue 21's fuzz suite) ------------------------------------
+
+def _loop(root: Path, name: str) -> Path:
+    """`name` → `name.other` → `name`: a symlink loop, which exists() calls missing and open() calls ELOOP."""
+    first, second = root / name, root / f"{name}.other"
+    first.symlink_to(second.name)
+    second.symlink_to(first.name)
+    return first
+
+
+def _truncated(path: Path, target: Path, size: int) -> Path:
+    target.write_bytes(path.read_bytes()[:size])
+    return target
+
+
+def _hostile(root: Path, good_store: Path) -> dict:
+    root.mkdir()
+    latin1 = "# caf\xe9\n".encode("latin-1")
+    relu_line = json.dumps({"task": "level1/1_ReLU.py", "code": HONEST})
+    files = {f"loop_{name}": _loop(root, name) for name in ("sub.py", "task.py", "store.sqlite", "run.jsonl",
+                                                            "protocol.json", "select.json", "scores.jsonl", "out")}
+    files.update({
+        "latin1_submission": _write(root / "latin1.py", latin1 + HONEST.encode()),
+        "huge_submission": _write(root / "huge.py", b"#" * (1 << 20) + b"\xff\n"),
+        "empty_task": _write(root / "level1" / "3_Empty.py", ""),
+        "binary_task": _write(root / "level1" / "4_Binary.py", b"\x00\x01\x02\xff\xfe"),
+        "latin1_task": _write(root / "level1" / "5_Latin.py", latin1 + RELU.read_bytes()),
+        "task_folder_binary": _write(root / "binary_tasks" / "level1" / "1_Bin.py", b"\xff\xfe\x00").parent.parent,
+        "empty_protocol": _write(root / "p_empty.json", ""),
+        "null_protocol": _write(root / "p_null.json", "null"),
+        "huge_protocol": _write(root / "p_huge.json", "[" * 100000),
+        "empty_store": _write(root / "empty.sqlite", b""),
+        "header_only_store": _truncated(good_store, root / "header.sqlite", 100),
+        "half_store": _truncated(good_store, root / "half.sqlite", good_store.stat().st_size // 2),
+        "garbage_store": _write(root / "garbage.sqlite", b"SQLite format 3\x00" + b"\xff" * 4000),
+        "empty_jsonl": _write(root / "empty" / "run.jsonl", ""),
+        "binary_jsonl": _write(root / "binary" / "run.jsonl", b"\x89PNG\r\n\x1a\n\xff\xff\x00"),
+        "latin1_jsonl": _write(root / "latin1" / "run.jsonl", b'{"task": "caf\xe9.py", "code": "x"}\n'),
+        "huge_line_jsonl": _write(root / "hugeline" / "run.jsonl", '{"task": "' + "a" * (4 << 20) + '"'),
+        "truncated_jsonl": _write(root / "truncated" / "run.jsonl", relu_line[:len(relu_line) // 2]),
+        "select_empty": _write(root / "select_empty.json", ""),
+        "select_binary": _write(root / "select_binary.json", b"\xff\xfe\x00"),
+        "scores_empty": _write(root / "scores_empty.jsonl", ""),
+        "scores_binary": _write(root / "scores_binary.jsonl", b"\xff\xfe\x00\x01"),
+        "baseline_binary": _write(root / "baseline.json", b"\xff\xfe\x00"),
+        "eval_results_bad": _write(root / "eval_results.json", "{truncated"),
+        "audit_binary": _write(root / "audit_binary.json", b"\xff\x00"),
+        "audit_list": _write(root / "audit_list.json", "[]"),
+    })
+    for name, row in {
+        "list": [1, 2], "number": 7, "string": "task", "null": None, "task_number": {"task": 1, "code": "x"},
+        "task_empty": {"task": "", "code": "x"}, "task_null": {"task": None, "code": "x"},
+        "no_code": {"task": "level1/1_ReLU.py"}, "no_task": {"code": HONEST},
+        "code_number": {"task": "level1/1_ReLU.py", "code": 5}, "code_list": {"task": "level1/1_ReLU.py", "code": []},
+        "path_number": {"task": "level1/1_ReLU.py", "path": 3}, "id_list": {"task": "level1/1_ReLU.py", "code": "x",
+                                                                             "id": []},
+        "id_bool": {"task": "level1/1_ReLU.py", "code": "x", "id": True},
+        "sample_text": {"task": "level1/1_ReLU.py", "code": "x", "sample": "zero"},
+        "sample_float": {"task": "level1/1_ReLU.py", "code": "x", "sample": 0.5},
+        "level_text": {"task": "level1/1_ReLU.py", "code": "x", "level": "one"},
+        "claimed_text": {"task": "level1/1_ReLU.py", "code": "x", "claimed_speedup": "fast"},
+        "ref_code_number": {"task": "level1/1_ReLU.py", "code": "x", "ref_code": 1},
+        "label_dict": {"task": "level1/1_ReLU.py", "code": "x", "model": {"name": "gpt"}},
+    }.items():
+        files[f"jsonl_{name}"] = _write(root / f"jsonl_{name}" / "run.jsonl", json.dumps(row) + "\n")
+    for name, body in {"kernels_text": {"kernels": "all"}, "kernels_numbers": {"kernels": [1]},
+                       "level_text": {"kernels": [{"level_id": "one", "task_id": 1}]}, "no_kernels": {},
+                       "list": [1], "not_in_source": {"kernels": [{"level_id": 9, "task_id": 9}]}}.items():
+        files[f"select_{name}"] = _write(root / f"select_{name}.json", json.dumps(body))
+    for name, body in {"atol_true": {"atol": True}, "atol_null": {"atol": None}, "rtol_text": {"rtol": "x"},
+                       "atol_nan": {"atol": float("nan")}, "trials_float": {"base": "kbv", "trials": 1.5},
+                       "trials_true": {"base": "kbv", "trials": True}, "base_number": {"base": 1},
+                       "base_unknown": {"base": "fastest"}, "distributions_text": {"distributions": "x1"},
+                       "name_number": {"base": "kbv", "name": 3}, "name_empty": {"base": "kbv", "name": ""},
+                       "nested": {"base": {"base": "kbv"}}}.items():
+        files[f"protocol_{name}"] = _write(root / f"p_{name}.json", json.dumps(body))
+    for name, row in {"list": [1], "correct_text": {"task": "a.py", "correct": "yes", "speedup": 1},
+                      "speedup_text": {"task": "a.py", "correct": True, "speedup": "fast"},
+                      "speedup_negative": {"task": "a.py", "correct": True, "speedup": -1},
+                      "no_speedup": {"task": "a.py", "correct": True},
+                      "task_number": {"task": 3, "correct": True, "speedup": 1}}.items():
+        files[f"scores_{name}"] = _write(root / f"scores_{name}.jsonl", json.dumps(row) + "\n")
+    for name, body in {"exclusions_text": {"format": AUDIT_FORMAT, "exclusions": "all"},
+                       "wrong_format": {"format": "something-else", "exclusions": []}}.items():
+        files[f"audit_{name}"] = _write(root / f"audit_{name}.json", json.dumps(body))
+    for name, record in {"list": "[1]", "number": "3", "null": "null", "speedup_text": None,
+                         "missing_task": None}.items():
+        path = root / f"record_{name}.sqlite"
+        path.write_bytes(good_store.read_bytes())
+        with sqlite3.connect(path) as db:
+            if record is None:
+                (stored,) = db.execute("SELECT record FROM verdicts").fetchone()
+                body = json.loads(stored)
+                body.update({"speedup": "fast"} if name == "speedup_text" else {})
+                body.pop("task") if name == "missing_task" else None
+                record = json.dumps(body)
+            db.execute("UPDATE verdicts SET record = ?", (record,))
+        files[f"record_{name}"] = path
+    files["tasks_in_loop_folder"] = root / "tasks_loop"
+    files["tasks_in_loop_folder"].mkdir()
+    _loop(files["tasks_in_loop_folder"], "1_Loop.py")
+    return files
+
+
+def _for_each(prefix: str, names, build, words=lambda name: [], not_written=()) -> list:
+    """One case per name: `build(w, o, name)` gives the arguments."""
+    return [(f"{prefix}-{name}", lambda w, o, name=name: build(w, o, name), words(name), list(not_written))
+            for name in names]
+
+
+def _check(w, o, *more):
+    return ["check", w.submission, "--task", RELU, *more]
+
+
+def _rescore(w, o, *more):
+    return ["rescore", w.jsonl, "--store", o / "s.sqlite", "--device", "cpu", *more]
+
+
+STORE_FILES = ("loop_store.sqlite", "header_only_store", "half_store", "garbage_store", "record_list", "record_number", "record_null", "record_speedup_text",
+               "record_missing_task")
+JSONL_ROWS = ("empty_jsonl", "binary_jsonl", "latin1_jsonl", "huge_line_jsonl", "truncated_jsonl", "jsonl_list",
+              "jsonl_number", "jsonl_string", "jsonl_null", "jsonl_task_number", "jsonl_task_empty", "jsonl_task_null",
+              "jsonl_no_code", "jsonl_no_task", "jsonl_code_number", "jsonl_code_list", "jsonl_path_number",
+              "jsonl_id_list", "jsonl_id_bool", "jsonl_sample_text", "jsonl_sample_float", "jsonl_level_text",
+              "jsonl_claimed_text", "jsonl_ref_code_number", "jsonl_label_dict")
+BAD_PROTOCOLS = ("loop_protocol.json", "empty_protocol", "null_protocol", "huge_protocol", "protocol_atol_true",
+                 "protocol_atol_null", "protocol_rtol_text", "protocol_atol_nan", "protocol_trials_float",
+                 "protocol_trials_true", "protocol_base_number", "protocol_base_unknown",
+                 "protocol_distributions_text", "protocol_name_number", "protocol_name_empty", "protocol_nested")
+
+FUZZ = [
+    # check: the submission and the task
+    *_for_each("check-submission", ("loop_sub.py", "latin1_submission", "huge_submission"),
+               lambda w, o, name: ["check", getattr(w, name), "--task", RELU]),
+    *_for_each("check-task", ("loop_task.py", "empty_task", "binary_task", "latin1_task", "a_file"),
+               lambda w, o, name: ["check", w.submission, "--task", getattr(w, name)]),
+    ("check-task-is-a-folder", lambda w, o: ["check", w.submission, "--task", TASKS], [], []),
+    # check, rescore, audit, rejudge: protocol files
+    *_for_each("check-protocol", BAD_PROTOCOLS, lambda w, o, name: _check(w, o, "--protocol", getattr(w, name))),
+    *_for_each("check-protocol-spec", ("", ",", "VERIFIED", "verified,nothing.json", "original;kbv"),
+               lambda w, o, name: _check(w, o, "--protocol", name)),
+    *_for_each("audit-protocol", ("empty_protocol", "protocol_atol_true"),
+               lambda w, o, name: ["audit", RELU, "--protocol", getattr(w, name)]),
+    *_for_each("rejudge-protocol", ("fastest", "empty_protocol", "protocol_base_unknown"),
+               lambda w, o, name: ["rejudge", w.store, "--protocol",
+                                   w.files.get(name, name), "--into", o / "copy.sqlite"], not_written=["copy.sqlite"]),
+    # check: option values
+    *_for_each("check-hang-floor", ("-1", "nan", "inf", "soon"), lambda w, o, v: _check(w, o, "--hang-floor", v),
+               lambda v: ["--hang-floor"]),
+    *_for_each("check-option", ("--timeout", "--min-speedup", "--protocol", "--task", "--only"),
+               lambda w, o, option: ["check", w.submission, "--task", RELU, option]),
+    *_for_each("check-device", ("", "cuda:-1", "CUDA", "cuda:0:1", "cpu "),
+               lambda w, o, v: _check(w, o, "--device", v)),
+    ("check-min-speedup-inf", lambda w, o: _check(w, o, "--min-speedup", "inf"), ["--min-speedup"], []),
+    ("check-secret-two-words", lambda w, o: _check(w, o, "--secret", "two words"), ["--secret"], []),
+    ("check-unknown-option", lambda w, o: _check(w, o, "--fast"), ["--fast"], []),
+    ("check-hidden-tests-is-a-file", lambda w, o: _check(w, o, "--hidden-tests", w.a_file), ["--hidden-tests"], []),
+    ("check-hidden-tests-loop", lambda w, o: _check(w, o, "--hidden-tests", w.loop_out), ["--hidden-tests"], []),
+    # rescore: sources
+    *_for_each("rescore-jsonl", JSONL_ROWS, lambda w, o, name: ["rescore", getattr(w, name), "--store",
+                                                                 o / "s.sqlite", "--device", "cpu"],
+               not_written=["s.sqlite"]),
+    ("rescore-source-loop", lambda w, o: ["rescore", w.files["loop_run.jsonl"], "--store", o / "s.sqlite"], [],
+     ["s.sqlite"]),
+    ("rescore-source-binary-file", lambda w, o: ["rescore", w.binary_submission, "--store", o / "s.sqlite",
+                                                 "--device", "cpu"], [], ["s.sqlite"]),
+    ("rescore-format-jsonl-of-a-folder", lambda w, o: ["rescore", RUN, "--format", "jsonl", "--store",
+                                                       o / "s.sqlite", "--device", "cpu"], [], ["s.sqlite"]),
+    ("rescore-format-kernelbench-of-a-file", lambda w, o: ["rescore", w.jsonl, "--format", "kernelbench",
+                                                           "--tasks", TASKS / "basic", "--store", o / "s.sqlite",
+                                                           "--device", "cpu"], [], ["s.sqlite"]),
+    ("rescore-format-cuda-l1-of-generic", lambda w, o: ["rescore", w.jsonl, "--format", "cuda-l1", "--store",
+                                                        o / "s.sqlite", "--device", "cpu"], [], ["s.sqlite"]),
+    ("rescore-tasks-is-a-file", lambda w, o: ["rescore", RUN, "--tasks", w.a_file, "--store", o / "s.sqlite"],
+     ["--tasks"], ["s.sqlite"]),
+    ("rescore-tasks-binary", lambda w, o: ["rescore", RUN, "--tasks", w.task_folder_binary, "--store",
+                                           o / "s.sqlite", "--device", "cpu"], [], ["s.sqlite"]),
+    # rescore: the files its options name
+    *_for_each("rescore-select", ("loop_select.json", "select_empty", "select_binary", "select_kernels_text",
+                                  "select_kernels_numbers", "select_level_text", "select_no_kernels", "select_list",
+                                  "select_not_in_source"),
+               lambda w, o, name: _rescore(w, o, "--select", getattr(w, name)), not_written=["s.sqlite"]),
+    *_for_each("rescore-exclusions", ("audit_binary", "audit_list", "audit_exclusions_text", "audit_wrong_format"),
+               lambda w, o, name: _rescore(w, o, "--exclude-degenerate", getattr(w, name)),
+               not_written=["s.sqlite"]),
+    *_for_each("rescore-protocol", ("loop_protocol.json", "protocol_atol_nan", "protocol_nested"),
+               lambda w, o, name: _rescore(w, o, "--protocol", getattr(w, name)), not_written=["s.sqlite"]),
+    *_for_each("rescore-store", STORE_FILES, lambda w, o, name: _rescore(w, o, "--store", getattr(w, name))),
+    ("rescore-hidden-tests-missing", lambda w, o: _rescore(w, o, "--hidden-tests", o / "none"), ["--hidden-tests"],
+     ["s.sqlite"]),
+    # rescore: option values
+    *_for_each("rescore-option", ("--timeout abc", "--limit abc", "--limit 1.5", "--format ", "--samples ",
+                                  "--clock moon", "--group-by ", "--group-by bad-field!", "--group-by task",
+                                  "--group-by correct", "--executor spark", "--ray-address x",
+                                  "--executor local --ray-address x", "--timeout inf", "--device cuda:x",
+                                  "--report"),
+               lambda w, o, spec: _rescore(w, o, *spec.split(" ", 1)) if " " in spec else _rescore(w, o, spec),
+               not_written=["s.sqlite"]),
+    ("rescore-report-loop", lambda w, o: _rescore(w, o, "--report", w.loop_out), ["--report"], ["s.sqlite"]),
+    # score
+    # an empty file is a store to write (rescore starts one there), not one to read
+    *_for_each("read-empty-store", ("score", "report", "rejudge"), lambda w, o, command: [
+        command, w.empty_store, *(["--out", o / "report"] if command == "report" else [])],
+               lambda command: ["not a kbverify store", "empty file"]),
+    *_for_each("score-store", STORE_FILES, lambda w, o, name: ["score", getattr(w, name)]),
+    *_for_each("score-jsonl", ("loop_scores.jsonl", "scores_empty", "scores_binary", "scores_list",
+                               "scores_correct_text", "scores_speedup_text", "scores_speedup_negative",
+                               "scores_no_speedup", "scores_task_number", "binary_submission"),
+               lambda w, o, name: ["score", getattr(w, name)]),
+    ("score-eval-results-malformed", lambda w, o: ["score", w.eval_results_bad, "--baseline", w.a_file, "--level",
+                                                   "1"], [], []),
+    ("score-baseline-binary", lambda w, o: ["score", w.eval_results_bad, "--baseline", w.baseline_binary, "--level",
+                                            "1"], [], []),
+    ("score-baseline-with-group-by", lambda w, o: ["score", w.eval_results_bad, "--baseline", w.a_file, "--level",
+                                                   "1", "--group-by", "model"], ["--group-by"], []),
+    *_for_each("score-option", ("--p", "--level abc", "--clock moon", "--samples ", "--group-by ",
+                                "--exclude-degenerate"),
+               lambda w, o, spec: ["score", w.store, *spec.split(" ", 1)]),
+    *_for_each("score-exclusions", ("audit_binary", "audit_list", "audit_exclusions_text", "audit_no_exclusions"),
+               lambda w, o, name: ["score", w.store, "--exclude-degenerate", getattr(w, name)]),
+    # report
+    *_for_each("report-store", STORE_FILES, lambda w, o, name: ["report", getattr(w, name), "--out", o / "report"],
+               not_written=["report"]),
+    ("report-store-is-a-folder", lambda w, o: ["report", w.empty_folder, "--out", o / "report"], [], ["report"]),
+    ("report-out-loop", lambda w, o: ["report", w.store, "--out", w.loop_out], ["--out"], []),
+    ("report-without-out", lambda w, o: ["report", w.store], ["--out"], []),
+    ("report-clock-moon", lambda w, o: ["report", w.store, "--out", o / "report", "--clock", "moon"], ["--clock"],
+     ["report"]),
+    ("report-group-by-bad", lambda w, o: ["report", w.store, "--out", o / "report", "--group-by", "a b"],
+     ["--group-by"], ["report"]),
+    # rejudge
+    ("rejudge-store-foreign-db", lambda w, o: ["rejudge", w.foreign_db], ["not a kbverify store"], []),
+    ("rejudge-store-text-file", lambda w, o: ["rejudge", w.text_file_store], ["not a kbverify store"], []),
+    ("score-store-text-file", lambda w, o: ["score", w.text_file_store], ["not a kbverify store"], []),
+    ("rescore-store-text-file", lambda w, o: _rescore(w, o, "--store", w.text_file_store), ["not a kbverify store"],
+     []),
+    *_for_each("rejudge-store", STORE_FILES, lambda w, o, name: ["rejudge", getattr(w, name), "--into",
+                                                                  o / "copy.sqlite"], not_written=["copy.sqlite"]),
+    ("rejudge-store-is-a-folder", lambda w, o: ["rejudge", w.empty_folder], [], []),
+    ("rejudge-into-under-a-file", lambda w, o: ["rejudge", w.store, "--into", w.a_file / "copy.sqlite"], ["--into"],
+     []),
+    ("rejudge-into-loop", lambda w, o: ["rejudge", w.store, "--into", w.loop_out], ["--into"], []),
+    # audit
+    *_for_each("audit-tasks", ("loop_task.py", "empty_task", "binary_task", "latin1_task", "task_folder_binary",
+                               "tasks_in_loop_folder", "empty_folder", "a_file"),
+               lambda w, o, name: ["audit", getattr(w, name), "--out", o / "audit"], not_written=["audit.json"]),
+    *_for_each("audit-option", ("--device tpu", "--hidden-tests /nonexistent/hidden", "--out"),
+               lambda w, o, spec: ["audit", RELU, *spec.split(" ", 1)]),
+    ("audit-out-json-is-a-folder", lambda w, o: ["audit", RELU, "--out", (o / "a.json").mkdir() or o / "a"],
+     ["--out"], []),
+    # hidden generate
+    *_for_each("hidden-tasks", ("loop_task.py", "empty_task", "binary_task", "task_folder_binary",
+                                "tasks_in_loop_folder", "empty_folder"),
+               lambda w, o, name: ["hidden", "generate", getattr(w, name), "--out", o / "hidden"],
+               not_written=["hidden"]),
+    ("hidden-out-loop", lambda w, o: ["hidden", "generate", RELU, "--out", w.loop_out], [], []),
+    ("hidden-out-under-a-file", lambda w, o: ["hidden", "generate", RELU, "--out", w.a_file / "h"], [], []),
+    ("hidden-without-out", lambda w, o: ["hidden", "generate", RELU], ["--out"], []),
+    ("hidden-unknown-subcommand", lambda w, o: ["hidden", "delete"], ["delete"], []),
+    # demo
+    ("demo-out-loop", lambda w, o: ["demo", "--out", w.loop_out], ["--out"], []),
+    ("demo-report-is-a-file", lambda w, o: ["demo", "--out", _write(o / "demo" / "report", "x").parent], [], []),
+    ("demo-store-is-a-folder", lambda w, o: ["demo", "--out", (o / "demo2" / "store.sqlite").mkdir(parents=True)
+                                             or o / "demo2"], [], []),
+    ("demo-unknown-option", lambda w, o: ["demo", "--fast"], ["--fast"], []),
+]
+CASES = CASES + FUZZ
+
+
 @pytest.mark.parametrize("arguments, words, not_written", [case[1:] for case in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_exit_2(world, tmp_path, monkeypatch, capsys, arguments, words, not_written):
     out = tmp_path / "out"
@@ -339,7 +615,7 @@ def test_the_store_holding_another_version_was_left_as_it_was(world, monkeypatch
 
 
 def test_there_are_enough_cases():
-    assert len(CASES) >= 40 and len({case[0] for case in CASES}) == len(CASES)
+    assert len(CASES) >= 150 and len({case[0] for case in CASES}) == len(CASES)
 
 
 # --- what a rescore that goes ahead says about its input (no worker: every unit is unverifiable) --------------------

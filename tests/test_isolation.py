@@ -250,6 +250,100 @@ def test_nothing_outlives_a_killed_check(tmp_path):
                 pass
 
 
+def _cmdlines(pids) -> dict[int, bytes]:
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            pass
+    return found
+
+
+def _kill_once_there_and_count_what_is_left(command: list, cwd: Path, ready: bytes, what: str) -> None:
+    """Start the CLI with a marker in its environment; once a process of its tree runs `ready`, SIGKILL the CLI
+    (nothing else) and wait 5 s: every process the CLI or the submission started must be gone by then."""
+    marker = f"KBV_LIFETIME_{uuid.uuid4().hex}"
+    env = {**os.environ, marker: "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    stderr = cwd / "stderr"
+    cli = subprocess.Popen([sys.executable, "-m", "kbverify", *map(str, command)], env=env, cwd=cwd,
+                           stdout=subprocess.DEVNULL, stderr=stderr.open("w"))
+    known: dict = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and cli.poll() is None:
+            if any(ready in line for line in _cmdlines(_processes_with(marker, cli.pid)).values()):
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        started = _processes_with(marker, cli.pid)
+        assert any(ready in line for line in _cmdlines(started).values()), (
+            f"the rescore never reached {what} (CLI exit {cli.poll()}): {stderr.read_text()[-800:]}")
+        assert len(started) >= 4, _cmdlines(started)  # the CLI, the server, a worker, what the submission started
+        known = {pid: stat[2] for pid in started if (stat := _stat(pid))}
+        cli.kill()
+        cli.wait()
+        known.pop(cli.pid, None)
+        deadline = time.monotonic() + 5
+        while _processes_with(marker, known=known) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {pid: line[:160] for pid, line in _cmdlines(_processes_with(marker, known=known)).items()}
+        assert left == {}, f"{len(left)} of {len(started)} processes outlived the CLI killed during {what}: {left}"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        for pid in _processes_with(marker, known=known):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _one_entry_run(root: Path, code: str) -> Path:
+    (root / "level1").mkdir(parents=True)
+    (root / "level1" / "1_ReLU.py").write_text((REPO / "tasks/basic/level1/1_ReLU.py").read_text())
+    source = root / "run.jsonl"
+    source.write_text(json.dumps({"task": "level1/1_ReLU.py", "id": "hangs", "code": code}) + "\n")
+    return source
+
+
+# The compiler opens a header that is a FIFO no one writes: torch's builder (ninja) and the compiler driver wait on
+# cc1plus for ever, a build whose process tree is the worker's grandchildren, as a slow real build's is.
+BUILD_HANGS = """
+import os, tempfile
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+header = os.path.join(tempfile.mkdtemp(), "kbv_never_written.h")
+os.mkfifo(header)
+load_inline("kbv_hanging_build", cpp_sources=f'#include "{header}"\\nint f() {{ return 1; }}\\n',
+            functions=["f"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x.clamp_min(0)
+"""
+
+EVALUATION_HANGS = HANGS_AND_SPAWNS.replace('"sleep", "1000"', '"sleep", "1237"')
+
+
+@pytest.mark.slow
+def test_nothing_outlives_a_rescore_killed_during_a_build(tmp_path):
+    source = _one_entry_run(tmp_path, BUILD_HANGS)
+    _kill_once_there_and_count_what_is_left(
+        ["rescore", source, "--store", tmp_path / "s.sqlite", "--protocol", "verified", "--device", "cpu"],
+        tmp_path, b"cc1plus", "a native build")
+
+
+@pytest.mark.slow
+def test_nothing_outlives_a_rescore_killed_during_an_evaluation(tmp_path):
+    source = _one_entry_run(tmp_path, EVALUATION_HANGS)
+    _kill_once_there_and_count_what_is_left(
+        ["rescore", source, "--store", tmp_path / "s.sqlite", "--protocol", "verified", "--device", "cpu"],
+        tmp_path, b"sleep 1237", "an evaluation")
+
+
 FORGES_PROVENANCE = """
 import torch
 import torch.nn as nn
