@@ -85,7 +85,7 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
             lines.append(f"  {'':<{width}}  {shorten(verdict.message, 300)}")
         if _clocks_line(verdict):
             lines.append(f"  {'':<{width}}  {shorten(_clocks_line(verdict), 300)}")
-        if verdict.isolation != "isolated":
+        if verdict.isolation not in ("isolated", "not_run"):
             lines.append(f"  {'':<{width}}  ISOLATION: DEGRADED ({verdict.isolation_reason}): the submission ran "
                          "unconfined and could have reached the parent, the judge or their files")
         if verdict.status.value != "passed" and verdict.reproducer.get("set"):

@@ -64,6 +64,7 @@ class _Context:
     env: dict = field(default_factory=dict)
     worker_s: dict = field(default_factory=dict)  # job → its workers' wall seconds, summed over its runs
     isolation: dict = field(default_factory=dict)  # "isolated" / "degraded" → why, from every submission worker
+    ran_submission: bool = False  # some child ran the submission's code (else isolation is "not_run")
     reference_call_s: float | None = None  # the judge's longest set of reference work (no submission code ran there)
     gpu_checks: list = field(default_factory=list)  # kbverify.gpu_processes.check records around the timing
 
@@ -110,6 +111,9 @@ def _isolation(context: _Context) -> tuple[str, str]:
         return "degraded", context.isolation["degraded"]
     if "isolated" in context.isolation:
         return "isolated", context.isolation["isolated"]
+    if not context.ran_submission:
+        # rejected before any process ran its code (it did not parse, has no ModelNew): nothing to confine
+        return "not_run", "no process ran the submission's code"
     return "degraded", "no process reported how it was confined"
 
 
@@ -135,6 +139,7 @@ def _note_child(context: _Context, job: str, outcome: ChildOutcome) -> None:
     _count_worker(context, job, outcome.wall_s)
     if outcome.sandbox_failed:
         raise InfrastructureError(f"the {job} worker's sandbox could not start: {outcome.sandbox_failed}")
+    context.ran_submission |= outcome.ran_submission
     if outcome.ran_submission and outcome.isolation in ("isolated", "degraded"):
         context.isolation.setdefault(outcome.isolation, outcome.isolation_reason)
     if outcome.timed_out:

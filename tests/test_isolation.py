@@ -383,3 +383,17 @@ def test_a_submission_cannot_forge_the_verdicts_provenance(tmp_path):
     assert [look["when"] for look in looks] == ["before", "after"]
     assert all(look["checked"] is False and "not a GPU" in look["reason"] for look in looks)
     assert "gpu_processes_unchecked" not in verdict.warnings
+
+
+def test_a_submission_rejected_before_any_process_ran_it_is_not_called_degraded(tmp_path):
+    """Nothing ran, so nothing was unconfined: the verdict says `not_run`, and `check` prints no DEGRADED line
+    (which would tell a reader the candidate could have reached the judge)."""
+    (tmp_path / "empty.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "kbverify", "check", str(tmp_path / "empty.py"), "--task",
+               str(REPO / "tasks/basic/level1/1_ReLU.py"), "--protocol", "verified"]
+    shown = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 1 and "compile_error" in shown.stdout and "DEGRADED" not in shown.stdout
+    data = json.loads(subprocess.run(command + ["--json"], env=env, capture_output=True, text=True,
+                                     timeout=300).stdout)
+    assert data["verdicts"]["verified"]["isolation"] == "not_run"
