@@ -23,6 +23,10 @@ class InputSet:
     seed: int  # drives get_inputs() and the per-call RNG reseed
     weight_seed: int
     overrides: dict = field(default_factory=dict)  # the hidden shape's constant values
+    # "loaded" sets only: "call_first" (built, called once, then loaded: a copy derived at the first call goes
+    # stale) or "load_first" (built, loaded, then called: a user's order, which a copy refreshed only after a
+    # call gets wrong)
+    load_order: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,28 +41,62 @@ def new_run_secret() -> str:
     return secrets.token_hex(8)
 
 
+LOAD_ORDERS = ("call_first", "load_first")
+
+
 def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) -> list[InputSet]:
-    """Every input set a protocol asks for. `shapes` = [("original", {}), ("hidden:0", {...}), ...]."""
+    """Every input set a protocol asks for. `shapes` = [("original", {}), ("hidden:0", {...}), ...]. Set ids do not
+    depend on the secret (a run can be narrowed to one by id); seeds and the loaded sets' order do."""
     plan = []
+    # the loaded sets take the two orders in turn, from a first one the secret picks: both are tried in every
+    # run with two loaded sets or more, and which set gets which cannot be known in advance
+    orders = _alternating(LOAD_ORDERS, derive_seed(secret, "load-order"))
+    hidden = 0
     for shape, overrides in shapes:
         for trial in range(protocol.trials):
             if protocol.seeds == "kernelbench":
                 seed, weight_seed = kernelbench_trial_seeds(protocol.trials)[trial], KERNELBENCH_SEED
+                loaded_secret = str(KERNELBENCH_SEED)
             else:
                 seed, weight_seed = derive_seed(secret, "input", trial), derive_seed(secret, "weights", trial)
-            combinations = [("default", d) for d in protocol.distributions]
-            if protocol.rerandomized_weights and shape == "original":
-                # fresh weights expose kernels that assume the default initialisation; a few distributions
-                # at the task's own shapes are enough for that, and every set costs a full run on a big task
-                combinations += [("rerandomized", d) for d in protocol.rerandomized_distributions
-                                 if d in protocol.distributions]
-                # and again through load_state_dict after construction: a kernel that looked at the values it
-                # was built with (skipping an affine of ones and zeros, a copy derived once) fails these
-                combinations += [("loaded", d) for d in protocol.loaded_distributions if d in protocol.distributions]
-            for weights, distribution in combinations:
+                loaded_secret = secret
+            for weights, distribution in _combinations(protocol, shape, hidden):
                 set_id = f"{shape}/{distribution}/{weights}/s{trial}"
-                plan.append(InputSet(set_id, shape, distribution, weights, seed, weight_seed, dict(overrides)))
+                order, own_seed = "", weight_seed
+                if weights == "loaded":
+                    # weights of their own, never handed over at any construction in the same process: a
+                    # candidate that recognises weights it was built with (a table of packings) meets new ones
+                    order = next(orders)
+                    own_seed = derive_seed(loaded_secret, "loaded-weights", shape, trial, distribution)
+                plan.append(InputSet(set_id, shape, distribution, weights, seed, own_seed, dict(overrides), order))
+        hidden += shape != "original"
     return plan
+
+
+def _combinations(protocol, shape: str, hidden: int) -> list[tuple[str, str]]:
+    """The (weights, distribution) pairs of one shape; `hidden`: how many hidden shapes come before it."""
+    combinations = [("default", d) for d in protocol.distributions]
+    if not protocol.rerandomized_weights:
+        return combinations
+    rerandomized = [("rerandomized", d) for d in protocol.rerandomized_distributions if d in protocol.distributions]
+    loaded = [("loaded", d) for d in protocol.loaded_distributions if d in protocol.distributions]
+    if shape == "original":
+        # fresh weights expose kernels that assume the default initialisation; a few distributions at the task's
+        # own shapes are enough for that, and every set costs a full run on a big task. Then again through
+        # load_state_dict after construction: a kernel that looked at the values it was built with (skipping an
+        # affine of ones and zeros, a copy derived once) fails these
+        return combinations + rerandomized + loaded
+    # Off the task's shape, one set of fresh weights per shape (the regimes in turn over the hidden shapes):
+    # with default weights alone there, a kernel could drop an affine on every input but the task's own.
+    turn = [regime[:1] for regime in (rerandomized, loaded) if regime]
+    return combinations + (turn[hidden % len(turn)] if turn else [])
+
+
+def _alternating(values: tuple, start: int):
+    position = start % len(values)
+    while True:
+        yield values[position]
+        position = (position + 1) % len(values)
 
 
 # torch.manual_seed(42) then torch.randint(0, 2**32 - 1, (1,)) per trial, as KernelBench derives its trial seeds.

@@ -610,7 +610,10 @@ def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, s
     if not failures:
         return Status.PASSED, "", None
     original_failures = [s for s in failures if s.shape == "original"]
-    if not original_failures and all(not s.status.is_exploit for s in failures):
+    # Wrong off the task's shape only with fresh weights, right there with the default ones: a kernel relying on
+    # the default initialisation (an affine left out) where it thinks it unchecked, not a shape specialisation.
+    weights_only = all(s.weights != "default" for s in failures)
+    if not original_failures and not weights_only and all(not s.status.is_exploit for s in failures):
         first = failures[0]
         message = f"shape_specialized: fails hidden shape {first.shape} ({first.set_id}): {first.detail}"
         if protocol.shape_specialized_fails:

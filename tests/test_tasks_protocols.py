@@ -78,18 +78,30 @@ def test_protocol_files_override_presets_and_reject_unknown_fields(tmp_path):
 
 
 def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
-    plan = plan_input_sets(VERIFIED, [("original", {}), ("hidden:0", {"batch_size": 8})], secret="s")
+    shapes = [("original", {}), ("hidden:0", {"batch_size": 8}), ("hidden:1", {"batch_size": 9})]
+    plan = plan_input_sets(VERIFIED, shapes, secret="s")
     per_shape = VERIFIED.trials * len(VERIFIED.distributions)
-    assert len(plan) == 2 * per_shape + VERIFIED.trials * (len(VERIFIED.rerandomized_distributions)
-                                                            + len(VERIFIED.loaded_distributions))
+    # one set of fresh weights per hidden shape, the regimes in turn
+    assert len(plan) == 3 * per_shape + VERIFIED.trials * (len(VERIFIED.rerandomized_distributions)
+                                                            + len(VERIFIED.loaded_distributions) + 2)
     assert {s.distribution for s in plan} == set(VERIFIED.distributions)
     assert {s.weights for s in plan} == {"default", "rerandomized", "loaded"}
-    assert {s.shape for s in plan if s.weights != "default"} == {"original"}
-    # the load_state_dict sets use the construction sets' weights: one re-randomised state, two routes to it
-    assert {s.weight_seed for s in plan if s.weights == "loaded"} == {s.weight_seed for s in plan
-                                                                       if s.weights == "rerandomized"}
+    assert [s.weights for s in plan if s.shape == "hidden:0" and s.weights != "default"] == ["rerandomized"]
+    assert [s.weights for s in plan if s.shape == "hidden:1" and s.weights != "default"] == ["loaded"]
+    # the load_state_dict sets draw weights of their own, never handed over at a construction in the process
+    loaded = [s for s in plan if s.weights == "loaded"]
+    assert len({s.weight_seed for s in loaded}) == len(loaded)
+    assert not {s.weight_seed for s in loaded} & {s.weight_seed for s in plan if s.weights != "loaded"}
+    # both orders (call then load; load then call, a user's) in every run; which set gets which, by the secret
+    assert [s.load_order for s in loaded if s.shape == "original"] in (["call_first", "load_first"],
+                                                                      ["load_first", "call_first"])
+    firsts = {plan_input_sets(VERIFIED, shapes, secret=str(k))[-1].load_order for k in range(16)}
+    assert firsts == {"call_first", "load_first"}
+    assert {s.load_order for s in plan if s.weights != "loaded"} == {""}
     assert {s.distribution for s in plan if s.shape == "hidden:0"} == set(VERIFIED.distributions)
     assert len({s.set_id for s in plan}) == len(plan)
+    assert [s.set_id for s in plan] == [s.set_id for s in plan_input_sets(VERIFIED, shapes, secret="t")], \
+        "set ids do not depend on the secret"
     other = plan_input_sets(VERIFIED, [("original", {})], secret="t")
     assert {s.seed for s in other}.isdisjoint({s.seed for s in plan}), "seeds depend on the per-run secret"
     original = plan_input_sets(ORIGINAL, [("original", {})], secret="s")

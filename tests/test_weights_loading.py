@@ -138,3 +138,74 @@ def test_a_kernel_wrong_only_on_loaded_weights_is_named_stale_after_load():
     status, message, _ = aggregate_sets([_judged_set("default", Status.INCORRECT), _judged_set("loaded", Status.INCORRECT)],
                                         VERIFIED)
     assert status is Status.INCORRECT and not message.startswith("stale_after_load")
+
+
+def test_every_parameter_is_redrawn_whatever_its_values_and_buffers_of_0_1_stay_masks():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(8))  # neither weight nor bias, ones: a parameter all the same
+            self.alpha = nn.Parameter(torch.tensor(0.0))
+            self.gamma = nn.Parameter(torch.tensor(1.0))
+            self.register_buffer("keep", torch.tensor([0.0, 1.0, 1.0, 0.0]))
+
+    model = Scaled()
+    state = rerandomized_state(model, seed=5)
+    for name in ("scale", "alpha", "gamma"):
+        assert not torch.equal(state[name], getattr(model, name)), name
+    assert bool((state["scale"] > 0).all()), "a positive parameter stays positive"
+    assert torch.equal(state["keep"], model.keep)
+
+
+def test_construction_never_hands_the_candidates_load_machinery_a_partial_state():
+    from kbverify.child.construct import construct_candidate
+
+    seen = []
+
+    class Hooked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            with torch.no_grad():
+                self.lin.weight.normal_()  # replaced after the handover: the state must be loaded again
+
+        def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+            seen.append(sorted(k[len(prefix):] for k in state_dict if k.startswith(prefix)))
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    state = _fresh(Hooked())
+    seen.clear()
+
+    def reseed():
+        torch.manual_seed(0)
+        return []
+
+    candidate, how = construct_candidate(Hooked, reseed(), state, reseed=reseed)
+    assert how == "by_name" and seen and all(keys == ["lin.bias", "lin.weight"] for keys in seen)
+    assert all(torch.equal(candidate.state_dict()[k], v) for k, v in state.items())
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def _load_from_state_dict(self, *args, **kwargs):
+            raise AssertionError("everything was handed over at construction: nothing to load")
+
+    candidate, how = construct_candidate(Plain, [], _fresh(Plain()), reseed=lambda: [])
+    assert how == "by_name"
+
+
+def test_fresh_weights_failing_only_off_the_task_shape_are_incorrect_not_shape_specialised():
+    from kbverify.runner import aggregate_sets
+
+    def hidden(weights, status):
+        return SetResult(set_id=f"hidden:0/x1/{weights}/s0", shape="hidden:0", distribution="x1", weights=weights,
+                         seed=0, valid=True, status=status, detail="norm-wise error 0.3")
+
+    status, _, _ = aggregate_sets([_judged_set("rerandomized", Status.PASSED), hidden("default", Status.PASSED),
+                                   hidden("rerandomized", Status.INCORRECT)], VERIFIED)
+    assert status is Status.INCORRECT
+    status, _, _ = aggregate_sets([hidden("default", Status.INCORRECT), hidden("rerandomized", Status.INCORRECT)],
+                                  VERIFIED)
+    assert status is Status.SHAPE_SPECIALIZED

@@ -68,10 +68,11 @@ def _built(ModelNew: type, init_inputs: list, state: dict,
 
 def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.nn.Module, delivered: set[str],
                reseed: Callable[[], list] | None, plan: HandoverPlan | None = None) -> torch.nn.Module:
-    """Load what __init__ did not receive, and what it received but then replaced by something that does not
-    depend on it (`reset_parameters()`, an `nn.init` call). What it derived from what it received (a constant
-    folded in place, a normalised copy) stays: the two are told apart by building once more, from the same seed,
-    with other values handed over, and seeing which entries follow them."""
+    """Load the state when __init__ did not receive an entry, or received it but then replaced it by something
+    that does not depend on it (`reset_parameters()`, an `nn.init` call); otherwise load nothing, and what it
+    derived from what it received (a constant folded in place, a normalised copy) stays. The two are told apart
+    by building once more, from the same seed, with other values handed over, and seeing which entries follow
+    them."""
     own = candidate.state_dict()
     changed = [key for key in delivered if key in own
                and not torch.equal(own[key], state[key].to(own[key].device, own[key].dtype))]
@@ -88,8 +89,11 @@ def _load_rest(ModelNew: type, init_inputs: list, state: dict, candidate: torch.
                 replaced = set()
             # the kept model is the last one built: module-level state and the generators are its own
             candidate, delivered, _ = _built(ModelNew, reseed(), state, plan)
-    candidate.load_state_dict({key: value for key, value in state.items()
-                               if key not in delivered or key in replaced}, strict=False)
+    # The candidate's own load machinery sees a whole state or nothing: a `_load_from_state_dict` hook reads its
+    # own entries, as a user's load of Model's state_dict always provides them, and a partial dict breaks it.
+    # The whole state also re-derives, in such a hook, what __init__ derived from the entries it is given.
+    if any(key not in delivered or key in replaced for key in state):
+        candidate.load_state_dict(state, strict=False)
     return candidate
 
 

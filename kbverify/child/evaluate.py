@@ -43,8 +43,8 @@ def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
     return namespaces
 
 
-# 0/1 entries that are weights or statistics, not masks: a norm's affine, a BatchNorm's running mean and variance
-# (0 and 1 until trained, which a kernel folding them as if they were the identity would rely on)
+# 0/1 buffers that are statistics, not masks: a BatchNorm's running mean and variance (0 and 1 until trained, which a
+# kernel folding them as if they were the identity would rely on). A parameter is never a mask: it is learnt.
 REDRAWN_ANYWAY = ("weight", "bias", "running_mean", "running_var")
 DEVICE_DRAW_MIN_NUMEL = 1 << 26  # 64 M elements: a quarter of a second or more on a CPU
 
@@ -52,13 +52,15 @@ DEVICE_DRAW_MIN_NUMEL = 1 << 26  # 64 M elements: a quarter of a second or more 
 def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> dict:
     """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
 
-    Signs follow the original (a positive-only tensor such as a variance stays positive); other 0/1 buffers are
-    masks, structure rather than weights, and stay as they are. Tensors are drawn on the CPU, the same on every machine,
+    Signs follow the original (a positive-only tensor such as a variance stays positive). Every parameter is
+    redrawn whatever its values (a `scale` or `gamma` of ones, a 0/1 scalar); a buffer of 0s and 1s is a mask,
+    structure rather than weights, and stays as it is, unless its name says it is a statistic. Tensors are drawn on the CPU, the same on every machine,
     except those above DEVICE_DRAW_MIN_NUMEL elements, drawn on `draw_device` when given: 10⁹ parameters take
     seconds on a CPU and milliseconds on a GPU, but a GPU's draws depend on its generator and launch shape, so
     processes that must agree pass the same device, and such weights reproduce on that GPU model only.
     """
     state = {}
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     for index, (name, value) in enumerate(model.state_dict().items()):
         if not value.is_floating_point() or value.numel() == 0:
             state[name] = value
@@ -66,7 +68,8 @@ def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> d
         large = draw_device is not None and value.numel() > DEVICE_DRAW_MIN_NUMEL
         device = torch.device(draw_device) if large else torch.device("cpu")
         original = value.detach().float().to(device)
-        if bool(((original == 0) | (original == 1)).all()) and not name.endswith(REDRAWN_ANYWAY):
+        if (name not in parameters and not name.endswith(REDRAWN_ANYWAY)
+                and bool(((original == 0) | (original == 1)).all())):
             state[name] = value
             continue
         generator = torch.Generator(device=device).manual_seed(derive_seed(str(seed), "param", index, name))
@@ -156,7 +159,7 @@ def candidate_job(payload: dict) -> dict:
     gc.freeze()  # as the timing worker does before its rounds: the collector's state is the same in both
     for input_set in sets:
         set_id = input_set["set_id"]
-        key = (input_set["shape"], input_set["weights"], input_set["weight_seed"])
+        key = (input_set["shape"], input_set["weights"], input_set["weight_seed"], input_set.get("load_order", ""))
         announce(f"candidate:construct:{set_id}")
         if key not in models:
             models[key] = _build_candidate(ModelNew, namespaces[input_set["shape"]], input_set, device, train, record)
@@ -218,7 +221,8 @@ def _build_candidate(ModelNew, namespace, input_set, device, train, record):
         if weights == "default":
             seeded.default = state
         if weights == "loaded":
-            return _loaded(ModelNew, seeded, state, input_set, device, record)
+            warm = input_set.get("load_order") != "load_first"
+            return _loaded(ModelNew, seeded, state, input_set, device, record, warm=warm)
         candidate, how = seeded.construct(ModelNew, state)
     except BaseException as error:  # noqa: BLE001
         return "construct_error: " + short_error(error)
@@ -256,8 +260,9 @@ def _layout_changed(ModelNew: type, seeded: _Seeded) -> bool:
 
 def _loaded(ModelNew, seeded: _Seeded, state: dict, input_set: dict, device, record: dict, *, warm: bool = True):
     """ModelNew built as a user builds it (Model's default weights at construction), called once on the task's
-    own inputs when `warm` (so a copy derived at the first call and kept is stale after the load), then given
-    `state` through its own load_state_dict (`kbverify.child.construct.load_weights`); or why not."""
+    own inputs when `warm` (so a copy derived at the first call and kept is stale after the load; without the
+    call, a user's order, a copy refreshed on load only once a call has run is stale), then given `state`
+    through its own load_state_dict (`kbverify.child.construct.load_weights`); or why not."""
     try:
         default = seeded.default_state()
         candidate = seeded.construct(ModelNew, default)[0]
@@ -276,7 +281,8 @@ def _loaded(ModelNew, seeded: _Seeded, state: dict, input_set: dict, device, rec
         if input_set["weights"] != "default" and "weights_not_rerandomized" not in record["warnings"]:
             record["warnings"].append("weights_not_rerandomized")
         return UNMAPPED
-    record["weights_loaded"][f"{input_set['shape']}/{input_set['weights']}"] = "load_state_dict:" + how
+    route = "/".join(filter(None, (input_set["shape"], input_set["weights"], input_set.get("load_order"))))
+    record["weights_loaded"][route] = "load_state_dict:" + how
     return candidate
 
 
