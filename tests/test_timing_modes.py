@@ -225,3 +225,39 @@ def test_no_verdict_reports_a_device_time_above_its_own_host_time(ref, cand, see
         assert device_ms <= host_ms * (1 + 1e-9)
     if verdict.timing["mode"] == "hold":
         assert verdict.cand_time_ms <= clocks["host"]["cand_ms"] * (1 + 1e-9)
+
+
+def _unconfirmed_host_copy_rounds(n: int = 30, seed: int = 3) -> list[dict]:
+    """The H200's `scale_shift_relu_host_copy` (a `.cpu()` inside forward) as the parent saw it: the candidate's
+    device-kind batches took 1.90 ms a call by the parent's clock (the hold, then host work that outlasts it),
+    far more than its own times say, so its device time is not confirmed; its host-kind batches 1.52 ms a call."""
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(n):
+        entry = {}
+        for side, (device_ms, device_wall, host_ms, host_wall) in (("ref", (1.30, 1.40, 1.40, 1.42)),
+                                                                      ("cand", (1.20, 1.898, 1.45, 1.516))):
+            entry[f"{side}_ms"] = _times(device_ms, rng)
+            entry[f"{side}_wall_ms"] = 3 * device_wall * (1 + rng.uniform(-0.01, 0.01))
+            entry[f"{side}_host_ms"] = _times(host_ms, rng)
+            entry[f"{side}_host_wall_ms"] = 3 * host_wall * (1 + rng.uniform(-0.01, 0.01))
+        rounds.append(entry)
+    return rounds
+
+
+def test_an_unconfirmed_device_clock_is_capped_at_the_host_wall_too():
+    from kbverify.status import Warn
+
+    probe = {"ref": _probe(False), "cand": _probe(True)}
+    verdict = decide_timing(_verdict(_unconfirmed_host_copy_rounds(), probe=probe), VERIFIED)
+    timing = verdict.timing
+    assert Warn.DEVICE_TIME_UNCONFIRMED.value in verdict.warnings and timing["clock_used"] == "wall"
+    assert timing["mode"] == "sync"
+    clocks = timing["clocks"]
+    assert clocks["device"]["source"] == "wall" and "cand" in clocks["device"]["capped"]
+    for device, host in (("device", "host"), ("wall:device", "wall:host")):
+        assert clocks[device]["cand_ms"] <= clocks[host]["cand_ms"] * (1 + 1e-9)
+        assert clocks[device]["raw"]["ref_ms"] <= clocks[host]["raw"]["ref_ms"] * (1 + 1e-9) if "raw" in clocks[
+            device] else clocks[device]["ref_ms"] <= clocks[host]["ref_ms"] * (1 + 1e-9)
+    assert clocks["host"]["cand_ms"] == pytest.approx(1.516, rel=0.02)
+    assert verdict.speedup == pytest.approx(clocks["host"]["speedup"])
