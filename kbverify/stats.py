@@ -169,8 +169,7 @@ def projected_half_width(log_ratios: Sequence[float], confidence: float = 0.95) 
     return math.expm1(z * math.sqrt(math.pi / 2.0) * sigma / math.sqrt(_effective_rounds(values)))
 
 
-def instance_spread(log_differences: Sequence[float],
-                    sampling_se: Sequence[float] | None = None) -> tuple[float, int]:
+def instance_spread(log_differences: Sequence[float]) -> tuple[float, int]:
     """Standard deviation (log scale) of one model instance's own time offset, and its degrees of freedom, from
     log-differences of two independent instances of the same work (each difference's variance is twice the
     instance's).
@@ -178,50 +177,12 @@ def instance_spread(log_differences: Sequence[float],
     On an H200 two copies of the same reference, in one process or in two, differ by a fixed 0.3-5% for the whole
     run; interleaving cannot see it, since each copy keeps its offset from round to round, so it is missing from
     the paired interval, and a rerun landed outside that interval for a third of the kernels.
-
-    Each difference is itself measured: `sampling_se` (log scale, one per difference) is its own sampling error,
-    whose variance is taken out of its square (never below zero), so a difference read from a few noisy rounds
-    (the clean process's short A/A, a host-inclusive clock) is not all counted as an instance offset. Without
-    it, that noise went into the spread and then through Student's t with one or two degrees of freedom.
     """
     values = np.asarray(log_differences, dtype=float)
-    errors = np.zeros_like(values) if sampling_se is None else np.asarray(sampling_se, dtype=float)
-    if errors.shape != values.shape:
-        raise ValueError("one sampling error per difference")
-    keep = np.isfinite(values)
-    values, errors = values[keep], np.where(np.isfinite(errors[keep]), errors[keep], 0.0)
+    values = values[np.isfinite(values)]
     if values.size == 0:
         return 0.0, 0
-    offsets = np.maximum(values**2 - errors**2, 0.0)
-    return math.sqrt(float(np.mean(offsets)) / 2.0), int(values.size)
-
-
-def log_median_se(values: Sequence[float], confidence: float = 0.95) -> float:
-    """The standard error (log scale) of the median of positive `values`, from the order-statistic interval of
-    the median (half its log width over the normal quantile); 0 where too few values make that interval, so a
-    sampling error is never credited that was not measured."""
-    logs = np.sort(np.log(np.asarray([v for v in values if v > 0 and math.isfinite(v)], dtype=float)))
-    n = int(logs.size)
-    if n < 2:
-        return 0.0
-    rank = _median_ci_rank(n, confidence)
-    if rank == 0:
-        return 0.0
-    from scipy import stats as _scipy_stats  # imported on use: it is most of the CLI's start-up time
-
-    quantile = float(_scipy_stats.norm.ppf(0.5 + confidence / 2.0))
-    return float(logs[n - rank] - logs[rank - 1]) / (2.0 * quantile)
-
-
-def estimate_se(est: SpeedupEstimate) -> float:
-    """The standard error (log scale) of a paired estimate, from its interval (0 for a min-max fallback, which
-    is no calibrated interval)."""
-    if not est.method.startswith("order_statistic") or not (est.ci_low > 0 and est.ci_high > 0):
-        return 0.0
-    from scipy import stats as _scipy_stats  # imported on use: it is most of the CLI's start-up time
-
-    quantile = float(_scipy_stats.norm.ppf(0.5 + est.confidence / 2.0))
-    return math.log(est.ci_high / est.ci_low) / (2.0 * quantile)
+    return math.sqrt(float(np.mean(values**2)) / 2.0), int(values.size)
 
 
 def widen_for_reruns(est: SpeedupEstimate, spread: float, dof: int) -> SpeedupEstimate:

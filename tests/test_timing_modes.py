@@ -261,3 +261,39 @@ def test_an_unconfirmed_device_clock_is_capped_at_the_host_wall_too():
             device] else clocks[device]["ref_ms"] <= clocks[host]["ref_ms"] * (1 + 1e-9)
     assert clocks["host"]["cand_ms"] == pytest.approx(1.516, rel=0.02)
     assert verdict.speedup == pytest.approx(clocks["host"]["speedup"])
+
+
+def _costed_rounds(costs: dict, order: list, seed: int) -> list[dict]:
+    """A/A rounds whose cost follows the round's distribution: `costs` = {distribution: (device ms, host ms)}."""
+    rng = random.Random(seed)
+    rounds = []
+    for distribution in order:
+        device_ms, host_ms = costs[distribution]
+        entry = {"distribution": distribution}
+        for side in ("ref", "cand"):
+            entry[f"{side}_ms"] = _times(device_ms, rng)
+            entry[f"{side}_wall_ms"] = sum(entry[f"{side}_ms"]) + 3 * (HARNESS_MS + HOLD_MS)
+            entry[f"{side}_host_ms"] = _times(host_ms, rng)
+            entry[f"{side}_host_wall_ms"] = sum(entry[f"{side}_host_ms"]) + 3 * HARNESS_MS
+        rounds.append(entry)
+    return rounds
+
+
+@pytest.mark.parametrize("requested", ["auto", "sync"])
+def test_the_clean_reference_is_compared_distribution_by_distribution(requested):
+    """Each round draws one distribution in turn from a random start, so two processes hold them in different
+    shares: here the reference costs twice as much on `wide` values, the run beside the candidate has them half
+    the time, the clean process one round in five. Pooled, the reference beside the candidate read 1.5x slower
+    than the clean one: `reference_slowed`, the A/A taken against the clean time (0.67x), its interval widened."""
+    from kbverify.status import Warn
+
+    costs = {"x1": (0.10, 0.12), "wide": (0.20, 0.22)}
+    beside = _costed_rounds(costs, ["x1", "wide"] * 20, seed=1)
+    clean = {"rounds": _costed_rounds(costs, ["x1"] * 8 + ["wide"] * 2, seed=2),
+             "hold_probe": {"ref": _probe(False), "cand": _probe(False)}}
+    verdict = decide_timing(_verdict(beside, clean=clean, requested=requested), VERIFIED)
+    assert verdict.timing["mode"] == ("hold" if requested == "auto" else "sync")
+    assert Warn.REFERENCE_SLOWED.value not in verdict.warnings
+    assert verdict.speedup == pytest.approx(1.0, abs=0.01)
+    low, high = verdict.speedup_ci
+    assert 0.98 <= low <= 1.0 <= high <= 1.02, verdict.speedup_ci
