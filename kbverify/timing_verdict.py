@@ -57,10 +57,11 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         warnings = [w for w in warnings if w not in (Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value)]
     if not confirmed:
         warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
-    adjusted, slowed = {}, False
+    adjusted, slowed, instances = {}, False, {}
     for name in ("device", "host"):
         if name in clocks:
-            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed)
+            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed,
+                                                   instances)
             slowed = slowed or (was_slowed and name == choice.headline_kind)
     if "device" in adjusted and "host" in adjusted and on_gpu:
         adjusted["device"] = _within_host(adjusted["device"], adjusted["host"])
@@ -76,14 +77,16 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
               "mode_evidence": choice.evidence, "clock_used": used if confirmed else "wall",
               "device_time_confirmed": confirmed, "unexplained_ms": seen,
-              "clocks": {name: _clock_json(clock, adjusted.get(name)) for name, clock in clocks.items()}}
+              "clocks": {name: _clock_json(clock, adjusted.get(name), instances.get(name))
+                         for name, clock in clocks.items()}}
     return dataclasses.replace(
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
-def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
+def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool,
+              instances: dict):
     """One clock's estimate as a verdict reports it: against the clean process's reference where the one beside
     the candidate ran slower (never an inflated speedup), widened by what a rerun redraws. ((estimate, ref ms,
     cand ms), whether the reference was slowed.)
@@ -100,8 +103,13 @@ def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gp
     if confirmed and protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate
         tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
         estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, beside, clean_groups, tolerance)
-    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(
-        _instance_differences(beside, clean_groups, slowed)))
+    differences = _instance_differences(beside, clean_groups, slowed)
+    spread, dof = stats.instance_spread(differences)
+    # what the interval was widened by, kept with the clock: an A/A whose paired interval is a point reads
+    # as wide as these differences (one or two, through Student's t) make it
+    instances[kind] = {"differences": differences, "spread": spread, "dof": dof, "slowed": slowed,
+                       "before_ci": [estimate.ci_low, estimate.ci_high]}
+    estimate = stats.widen_for_reruns(estimate, spread, dof)
     return (estimate, ref_ms, clock.cand_ms), slowed
 
 
@@ -201,8 +209,10 @@ def _against_clean_reference(estimate, ref_ms: float, beside: dict, clean: dict,
     return scaled, ref_ms * scale, True
 
 
-def _clock_json(clock, adjusted) -> dict:
+def _clock_json(clock, adjusted, instances: dict | None = None) -> dict:
     entry = clock.to_json()
+    if instances is not None:
+        entry["instances"] = instances
     if adjusted is not None:
         estimate, ref_ms, cand_ms = adjusted
         entry["raw"] = {"speedup": entry["speedup"], "ci": entry["ci"], "ref_ms": entry["ref_ms"]}

@@ -64,9 +64,26 @@ def _record(kind: str, case_id: str, protocol: str, verdict: Verdict, expected: 
            "extension_built": build.extension_built if build else None,
            "extension_called": build.extension_called if build else None,
            "build_error": (build.error[-400:] if build and build.error else None),
-           "sets": len(verdict.sets), "failing_set": verdict.reproducer.get("set")}
+           "sets": len(verdict.sets), "failing_set": verdict.reproducer.get("set"),
+           "timing": _timing_summary(verdict.timing)}
     with open(path, "a") as handle:
         handle.write(json.dumps(row) + "\n")
+
+
+def _timing_summary(timing: dict | None) -> dict | None:
+    """What a timing verdict was made of, without the raw rounds: the mode and why, both clocks (each with what
+    its interval was widened by), and the worker's per-phase host time, so a number that disagrees can be
+    traced from the results file alone."""
+    if not timing or "mode" not in timing:
+        return None
+    interleaved = timing.get("interleaved") or {}
+    keep = ("mode", "mode_reason", "blocked", "mode_evidence", "clock_used", "device_time_confirmed",
+            "unexplained_ms", "clocks", "noise_margin")
+    return {**{key: timing.get(key) for key in keep},
+            **{key: interleaved.get(key) for key in ("phase_ms_per_call", "cover_ms", "uncovered_calls",
+                                                      "host_ms", "hold_probe")},
+            "rounds": len(interleaved.get("rounds") or []),
+            "clean_rounds": len((timing.get("clean_reference") or {}).get("rounds") or [])}
 
 
 def _entry(entry_id: str, task_path: Path, submission: Submission) -> Entry:
@@ -290,6 +307,10 @@ def test_the_a_a_of_a_blocking_reference_is_within_one_percent() -> None:
     assert verdict.timing["mode"] == "sync", (verdict.timing["mode_reason"], verdict.timing.get("mode_evidence"))
     assert any(name.startswith(("ref:", "clean_ref:")) for name in verdict.timing["blocked"])
     assert 0.99 <= verdict.speedup <= 1.01, (verdict.speedup, verdict.speedup_ci)
+    # and its interval: the paired host-kind rounds and what a rerun redraws, both within 2%
+    host = verdict.timing["clocks"]["host"]
+    assert 0.98 <= verdict.speedup_ci[0] and verdict.speedup_ci[1] <= 1.02, (
+        verdict.speedup_ci, host.get("raw"), host.get("instances"))
 
 
 def test_a_cuda_kernel_that_never_exits_is_a_timeout_within_a_minute_and_the_gpu_stays_usable(builds) -> None:
