@@ -258,12 +258,15 @@ KERNELBENCH_RUNS = 2  # KernelBench's own measurement, run this often for its ru
 SPREAD_PAD = 1.05  # beyond the observed spread of those runs: a 100-trial mean moves this much between processes
 
 
-def _kernelbench_speedups(task, submission) -> list[float]:
+def _kernelbench_speedups(task, submission, case_id: str = "") -> list[float]:
     """KernelBench's host-inclusive measurement (`original`: events around each call, synchronised after it, the
-    baseline in a process of its own), a few runs for its spread."""
+    baseline in a process of its own), a few runs for its spread. Each run's own verdict is recorded: its
+    reference and candidate times, not only their ratio, say which side a disagreement is on."""
     speedups = []
     for _ in range(KERNELBENCH_RUNS):
         verdict = check(task, submission, ORIGINAL, OPTIONS)
+        if case_id:
+            _record("kernelbench_run", case_id, "original", verdict)
         assert verdict.status is Status.PASSED, verdict.message[:300]
         speedups.append(verdict.speedup)
     return speedups
@@ -293,7 +296,7 @@ def test_blocking_forwards_are_timed_the_way_they_run(blocking: str, builds: dic
         assert clocks["device"]["raw"]["ref_ms"] <= clocks["host"]["raw"]["ref_ms"] * (1 + 1e-9)
         if mode == "sync":
             assert timing["clock_used"] == "host" and verdict.speedup == clocks["host"]["speedup"]
-        kernelbench = _kernelbench_speedups(task, submission)
+        kernelbench = _kernelbench_speedups(task, submission, case.id)
         _record("blocking_kernelbench", case.id, "original", verdict, str(kernelbench))
         assert _agrees(clocks["host"]["ci"], kernelbench), (clocks["host"], kernelbench)
 
