@@ -60,8 +60,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     adjusted, slowed, instances = {}, False, {}
     for name in ("device", "host"):
         if name in clocks:
-            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed,
-                                                   instances)
+            adjusted[name], was_slowed, instances[name] = _adjusted(clocks[name], all_rounds, clean, protocol,
+                                                                    on_gpu, confirmed)
             slowed = slowed or (was_slowed and name == choice.headline_kind)
     if "device" in adjusted and "host" in adjusted and on_gpu:
         adjusted["device"] = _within_host(adjusted["device"], adjusted["host"])
@@ -85,11 +85,10 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
-def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool,
-              instances: dict):
+def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
     """One clock's estimate as a verdict reports it: against the clean process's reference where the one beside
     the candidate ran slower (never an inflated speedup), widened by what a rerun redraws. ((estimate, ref ms,
-    cand ms), whether the reference was slowed.)
+    cand ms), whether the reference was slowed, what the interval was widened by.)
 
     Both come from batches of the clock's own kind, the device kind capped the way the clock is (the clean
     process's too), compared distribution by distribution: every round draws one distribution in turn from a
@@ -107,10 +106,10 @@ def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gp
     spread, dof = stats.instance_spread(differences)
     # what the interval was widened by, kept with the clock: an A/A whose paired interval is a point reads
     # as wide as these differences (one or two, through Student's t) make it
-    instances[kind] = {"differences": differences, "spread": spread, "dof": dof, "slowed": slowed,
-                       "before_ci": [estimate.ci_low, estimate.ci_high]}
+    instances = {"differences": differences, "spread": spread, "dof": dof, "slowed": slowed,
+                 "before_ci": [estimate.ci_low, estimate.ci_high]}
     estimate = stats.widen_for_reruns(estimate, spread, dof)
-    return (estimate, ref_ms, clock.cand_ms), slowed
+    return (estimate, ref_ms, clock.cand_ms), slowed, instances
 
 
 def _within_host(device: tuple, host: tuple) -> tuple:

@@ -297,3 +297,33 @@ def test_the_clean_reference_is_compared_distribution_by_distribution(requested)
     assert verdict.speedup == pytest.approx(1.0, abs=0.01)
     low, high = verdict.speedup_ci
     assert 0.98 <= low <= 1.0 <= high <= 1.02, verdict.speedup_ci
+
+
+@settings(max_examples=40, deadline=None)
+@given(ref=_side, cand=_side, clean_ref=_side, seed=st.integers(0, 1000))
+def test_no_verdict_reports_a_device_time_above_its_host_time_after_the_clean_reference_either(ref, cand, clean_ref,
+                                                                                            seed):
+    """The clean-reference adjustment replaces a slowed reference's time on each clock apart: the reported times
+    (not only the raw ones) keep the device side at most the host side."""
+    clean = {"rounds": _rounds(clean_ref, clean_ref, n=12, seed=seed + 1),
+             "hold_probe": {"ref": _probe(False), "cand": _probe(False)}}
+    verdict = decide_timing(_verdict(_rounds(ref=ref, cand=cand, n=12, seed=seed), clean=clean), VERIFIED)
+    clocks = verdict.timing["clocks"]
+    for key in ("ref_ms", "cand_ms"):
+        assert clocks["device"][key] <= clocks["host"][key] * (1 + 1e-9), (key, clocks["device"], clocks["host"])
+    for name in ("device", "host"):
+        widened = clocks[name]["instances"]
+        assert widened["dof"] == len(widened["differences"]) and widened["before_ci"][0] > 0
+
+
+def test_the_device_clock_is_lowered_to_the_host_time_where_the_adjustments_cross():
+    from kbverify.stats import SpeedupEstimate
+    from kbverify.timing_verdict import _within_host
+
+    device = (SpeedupEstimate(2.0, 1.9, 2.1, 20, "order_statistic"), 0.20, 0.10)
+    estimate, ref_ms, cand_ms = _within_host(device, (None, 0.15, 0.12))
+    assert (ref_ms, cand_ms) == (0.15, 0.10)
+    assert estimate.speedup == pytest.approx(1.5) and estimate.ci_low == pytest.approx(1.9 * 0.75)
+    estimate, ref_ms, cand_ms = _within_host(device, (None, 0.30, 0.05))
+    assert (ref_ms, cand_ms) == (0.20, 0.05) and estimate.speedup == pytest.approx(4.0)
+    assert _within_host(device, (None, 0.30, 0.30)) == device
