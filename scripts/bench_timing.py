@@ -153,7 +153,8 @@ def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0)
     estimate = stats.paired_speedup(rounds)
     host_rounds = timing_control.paired_rounds(driven.rounds, "host")
     host = stats.paired_speedup(host_rounds) if host_rounds else None
-    return {"host_ci_half_width": stats.half_width(host) if host else None, "estimate": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high],
+    return {"host_ci_half_width": stats.half_width(host) if host else None,
+            "estimate": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high],
             "ci_half_width": stats.half_width(estimate), "rounds": len(rounds), "method": estimate.method,
             "ref_ms": statistics.median(t for r in rounds for t in r[0]),
             "cand_ms": statistics.median(t for r in rounds for t in r[1]),

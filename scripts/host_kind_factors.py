@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant in VARIANTS:
             times = {"ref": [], "cand": []}
             for call in range(args.calls):
-                order = (("ref", reference), ("cand", candidate)) if call % 2 else (("cand", candidate), ("ref", reference))
+                order = [("ref", reference), ("cand", candidate)]
+                if call % 2:  # alternating, so neither side always follows the other
+                    order.reverse()
                 for name, model in order:
                     times[name].append(_one(model, inputs, get_inputs, flush, variant, args.idle_ms / 1e3))
             ref, cand = statistics.median(times["ref"]), statistics.median(times["cand"])
