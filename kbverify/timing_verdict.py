@@ -57,11 +57,14 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         warnings = [w for w in warnings if w not in (Warn.HOST_TIME_TIMED.value, Warn.HOST_OVERHEAD.value)]
     if not confirmed:
         warnings.append(Warn.DEVICE_TIME_UNCONFIRMED.value)
-    adjusted, slowed = {}, False
+    adjusted, slowed, instances = {}, False, {}
     for name in ("device", "host"):
         if name in clocks:
-            adjusted[name], was_slowed = _adjusted(clocks[name], all_rounds, clean, protocol, on_gpu, confirmed)
+            adjusted[name], was_slowed, instances[name] = _adjusted(clocks[name], all_rounds, clean, protocol,
+                                                                    on_gpu, confirmed)
             slowed = slowed or (was_slowed and name == choice.headline_kind)
+    if "device" in adjusted and "host" in adjusted and on_gpu:
+        adjusted["device"] = _within_host(adjusted["device"], adjusted["host"])
     if slowed:
         warnings.append(Warn.REFERENCE_SLOWED.value)
     used = choice.headline_kind if choice.headline_kind in adjusted else "device"
@@ -74,7 +77,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
               "mode_evidence": choice.evidence, "clock_used": used if confirmed else "wall",
               "device_time_confirmed": confirmed, "unexplained_ms": seen,
-              "clocks": {name: _clock_json(clock, adjusted.get(name)) for name, clock in clocks.items()}}
+              "clocks": {name: _clock_json(clock, adjusted.get(name), instances.get(name))
+                         for name, clock in clocks.items()}}
     return dataclasses.replace(
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
@@ -84,58 +88,114 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
 def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
     """One clock's estimate as a verdict reports it: against the clean process's reference where the one beside
     the candidate ran slower (never an inflated speedup), widened by what a rerun redraws. ((estimate, ref ms,
-    cand ms), whether the reference was slowed.)"""
+    cand ms), whether the reference was slowed, what the interval was widened by.)
+
+    Both come from batches of the clock's own kind, the device kind capped the way the clock is (the clean
+    process's too), compared distribution by distribution: every round draws one distribution in turn from a
+    random start, and two processes' rounds hold them in different shares, so pooled medians of a reference
+    whose cost depends on its values differ by the mix, not by the instance."""
     estimate, ref_ms, slowed = clock.estimate, clock.ref_ms, False
     kind = clock.kind
+    cap = on_gpu and kind == "device"
+    beside = _by_distribution(rounds, kind, cap)
+    clean_groups = _by_distribution((clean or {}).get("rounds") or [], kind, cap)
     if confirmed and protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate
         tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
-        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, clean, tolerance, kind)
-    paired = timing_control.paired_rounds(rounds, kind)
-    estimate = stats.widen_for_reruns(estimate, *stats.instance_spread(
-        _instance_differences(paired, clean, slowed, kind)))
-    return (estimate, ref_ms, clock.cand_ms), slowed
+        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, beside, clean_groups, tolerance)
+    differences = _instance_differences(beside, clean_groups, slowed)
+    spread, dof = stats.instance_spread(differences)
+    # what the interval was widened by, kept with the clock: an A/A whose paired interval is a point reads
+    # as wide as these differences (one or two, through Student's t) make it
+    instances = {"differences": differences, "spread": spread, "dof": dof, "slowed": slowed,
+                 "before_ci": [estimate.ci_low, estimate.ci_high]}
+    estimate = stats.widen_for_reruns(estimate, spread, dof)
+    return (estimate, ref_ms, clock.cand_ms), slowed, instances
 
 
-def _clock_json(clock, adjusted) -> dict:
-    entry = clock.to_json()
-    if adjusted is not None:
-        estimate, ref_ms, cand_ms = adjusted
-        entry["raw"] = {"speedup": entry["speedup"], "ci": entry["ci"], "ref_ms": entry["ref_ms"]}
-        entry.update({"speedup": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high], "ref_ms": ref_ms,
-                      "cand_ms": cand_ms})
-    return entry
+def _within_host(device: tuple, host: tuple) -> tuple:
+    """The device clock as reported, each side at most its host-inclusive time as reported (SPEC §5). The
+    clocks are capped where they are made; the clean-reference adjustment replaces a slowed reference's time by
+    the clean process's, on each clock separately, so the two can cross again: the device side is then lowered
+    to the host time and the speedup moved with it (a lower reference, a lower speedup)."""
+    (estimate, ref_ms, cand_ms), (_, host_ref, host_cand) = device, host
+    factor = 1.0
+    if _positive(host_ref) and _positive(ref_ms) and ref_ms > host_ref:
+        factor *= host_ref / ref_ms
+        ref_ms = host_ref
+    if _positive(host_cand) and _positive(cand_ms) and cand_ms > host_cand:
+        factor /= host_cand / cand_ms
+        cand_ms = host_cand
+    if factor != 1.0:
+        estimate = dataclasses.replace(estimate, speedup=estimate.speedup * factor, ci_low=estimate.ci_low * factor,
+                                       ci_high=estimate.ci_high * factor)
+    return estimate, ref_ms, cand_ms
 
 
-def _instance_differences(rounds: list, clean: dict | None, slowed: bool, kind: str = "device") -> list[float]:
-    """Log-differences between independent instances of the reference: the one timed beside the candidate
-    against the clean process's, and the clean process's two copies against each other (batches of one kind). A
-    reference slowed beside the candidate is not an instance offset (the speedup is already taken against the
-    clean time)."""
-    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
-    if not clean_rounds or not rounds:
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _by_distribution(rounds: list, kind: str, cap: bool) -> dict[str, list]:
+    """{distribution: (ref times, cand times) per round} of one kind; the device kind scaled as the device clock
+    is (each side at most its own host-kind median) where `cap`."""
+    ref_key, cand_key = timing_control.side_key("ref", kind), timing_control.side_key("cand", kind)
+    kept = [r for r in rounds if r.get(ref_key) and r.get(cand_key)]
+    pairs = [(r[ref_key], r[cand_key]) for r in kept]
+    host = timing_control.paired_rounds(rounds, "host") if cap else []
+    if host and pairs:
+        ceilings = timing_modes.side_medians(host)
+        pairs, _ = stats.cap_side_medians(pairs, ceilings["ref"], ceilings["cand"])
+    groups: dict[str, list] = {}
+    for entry, pair in zip(kept, pairs):
+        groups.setdefault(str(entry.get("distribution", "x1")), []).append(pair)
+    return groups
+
+
+def _reference_offset(beside: dict, clean: dict) -> float | None:
+    """log(reference beside the candidate / the clean process's first copy), the mean over the distributions both
+    timed; None when they share none."""
+    shared = sorted(set(beside) & set(clean))
+    if not shared:
+        return None
+    offsets = [math.log(_median([t for ref, _ in beside[name] for t in ref])
+                        / _median([t for ref, _ in clean[name] for t in ref])) for name in shared]
+    return sum(offsets) / len(offsets)
+
+
+def _instance_differences(beside: dict, clean: dict, slowed: bool) -> list[float]:
+    """Log-differences between independent instances of the reference: the clean process's two copies against
+    each other (paired, every round), and the one timed beside the candidate against the clean process's
+    (distribution by distribution). A reference slowed beside the candidate is not an instance offset (the
+    speedup is already taken against the clean time).
+
+    Each difference is read from a run of its own and carries that run's sampling noise, all of it counted as
+    an instance offset here and passed through Student's t with one or two degrees of freedom: that is what
+    widens an A/A whose paired interval is a point. Taking the noise's variance out (d^2 - se^2) covered 62% of
+    simulated reruns where the noise matched the offsets, so it stays in: conservative, not exact."""
+    clean_pairs = [pair for group in clean.values() for pair in group]
+    if not clean_pairs or not beside:
         return []
-    differences = [math.log(stats.paired_speedup(clean_rounds).speedup)]
-    if not slowed:
-        beside = _median([t for r in rounds for t in r[0]])
-        differences.append(math.log(beside / _median([t for r in clean_rounds for t in r[0]])))
+    differences = [math.log(stats.paired_speedup(clean_pairs).speedup)]
+    offset = _reference_offset(beside, clean)
+    if not slowed and offset is not None:
+        differences.append(offset)
     return differences
 
 
-def _against_clean_reference(estimate, ref_ms: float, clean: dict | None,
-                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE, kind: str = "device"):
+def _against_clean_reference(estimate, ref_ms: float, beside: dict, clean: dict,
+                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE):
     """The reference timed beside the candidate against the same reference timed in a process the candidate never
-    touched. Where it ran slower beside the candidate (by sabotage, or by host-side effects that launch-bound
-    references feel), the speedup is taken against the clean time, so a slowed baseline never inflates it."""
-    clean_rounds = timing_control.paired_rounds((clean or {}).get("rounds") or [], kind)
-    if not clean_rounds:
+    touched (batches of one kind, by distribution). Where it ran slower beside the candidate (by sabotage, or by
+    host-side effects that launch-bound references feel), the speedup is taken against the clean time, so a
+    slowed baseline never inflates it."""
+    clean_pairs = [pair for group in clean.values() for pair in group]
+    offset = _reference_offset(beside, clean)
+    if not clean_pairs or offset is None or math.exp(offset) <= tolerance:
         return estimate, ref_ms, False
-    clean_ms = _median([t for ref, _ in clean_rounds for t in ref])
-    if not clean_ms > 0 or ref_ms / clean_ms <= tolerance:
-        return estimate, ref_ms, False
-    scale = clean_ms / ref_ms
+    scale = math.exp(-offset)
     # The clean time has its own uncertainty (its A/A interval against an identical copy): each side of the
     # interval widens by it, added to the paired interval's on the log scale.
-    aa = stats.paired_speedup(clean_rounds)
+    aa = stats.paired_speedup(clean_pairs)
     extra = math.log(aa.ci_high / aa.ci_low) / 2 if aa.ci_low > 0 else 0.0
     center = estimate.speedup * scale
 
@@ -145,7 +205,19 @@ def _against_clean_reference(estimate, ref_ms: float, clean: dict | None,
 
     scaled = dataclasses.replace(estimate, speedup=center, ci_low=center * math.exp(-widened(estimate.ci_low)),
                                  ci_high=center * math.exp(widened(estimate.ci_high)))
-    return scaled, clean_ms, True
+    return scaled, ref_ms * scale, True
+
+
+def _clock_json(clock, adjusted, instances: dict | None = None) -> dict:
+    entry = clock.to_json()
+    if instances is not None:
+        entry["instances"] = instances
+    if adjusted is not None:
+        estimate, ref_ms, cand_ms = adjusted
+        entry["raw"] = {"speedup": entry["speedup"], "ci": entry["ci"], "ref_ms": entry["ref_ms"]}
+        entry.update({"speedup": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high], "ref_ms": ref_ms,
+                      "cand_ms": cand_ms})
+    return entry
 
 
 def _refusal(record: dict) -> str:

@@ -131,12 +131,19 @@ def _timing_payload(task: Task, source: str, args, jitter_bytes: int = 0) -> dic
             "baseline_cudnn_tf32": True, "candidate_grad_enabled": False, "placement_jitter_bytes": jitter_bytes}
 
 
+def _kinds(device: str) -> tuple:
+    """The kinds of batch the pipeline runs (kbverify.runner._kinds): both on a GPU, the device kind alone on a
+    CPU, where the two are one measurement; running both there halved the rounds a budget buys."""
+    return timing_control.KINDS if device.startswith("cuda") else ("device",)
+
+
 def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0) -> dict:
     """One measurement in a fresh worker; the estimate is recomputed here from the raw rounds."""
     started = time.monotonic()
     outcome, driven = timing_control.run(job, _timing_payload(task, source, args, jitter_bytes),
                                          timeout_s=args.timeout_s, device=args.device, budget_s=args.budget_s,
-                                         target_half_width=args.ci_half_width, check=False)
+                                         target_half_width=args.ci_half_width, check=False,
+                                         kinds=_kinds(args.device))
     wall_s = time.monotonic() - started
     record = outcome.result or {}
     rounds = [(r["ref_ms"], r["cand_ms"]) for r in driven.rounds]
@@ -144,7 +151,10 @@ def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0)
         reason = record.get("error") or record.get("load_error") or (outcome.output_tail or "")[-500:]
         return {"error": reason or "no rounds", "wall_s": wall_s}
     estimate = stats.paired_speedup(rounds)
-    return {"estimate": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high],
+    host_rounds = timing_control.paired_rounds(driven.rounds, "host")
+    host = stats.paired_speedup(host_rounds) if host_rounds else None
+    return {"host_ci_half_width": stats.half_width(host) if host else None,
+            "estimate": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high],
             "ci_half_width": stats.half_width(estimate), "rounds": len(rounds), "method": estimate.method,
             "ref_ms": statistics.median(t for r in rounds for t in r[0]),
             "cand_ms": statistics.median(t for r in rounds for t in r[1]),
@@ -222,6 +232,7 @@ def summarize(name: str, entry: dict) -> dict:
         "ref_ms": ref_ms,
         "aa_abs_dev": _median(abs(m["estimate"] - 1.0) for m in aa),
         "aa_ci_half_width": _median(m["ci_half_width"] for m in aa),
+        "aa_host_ci_half_width": _median(m.get("host_ci_half_width") for m in aa),
         "aa_ci_covers_1": sum(m["ci"][0] <= 1.0 <= m["ci"][1] for m in aa),
         "aa_n": len(aa),
         "aa_timing_s": _median(m["timing_s"] for m in aa),

@@ -225,3 +225,105 @@ def test_no_verdict_reports_a_device_time_above_its_own_host_time(ref, cand, see
         assert device_ms <= host_ms * (1 + 1e-9)
     if verdict.timing["mode"] == "hold":
         assert verdict.cand_time_ms <= clocks["host"]["cand_ms"] * (1 + 1e-9)
+
+
+def _unconfirmed_host_copy_rounds(n: int = 30, seed: int = 3) -> list[dict]:
+    """The H200's `scale_shift_relu_host_copy` (a `.cpu()` inside forward) as the parent saw it: the candidate's
+    device-kind batches took 1.90 ms a call by the parent's clock (the hold, then host work that outlasts it),
+    far more than its own times say, so its device time is not confirmed; its host-kind batches 1.52 ms a call."""
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(n):
+        entry = {}
+        for side, (device_ms, device_wall, host_ms, host_wall) in (("ref", (1.30, 1.40, 1.40, 1.42)),
+                                                                      ("cand", (1.20, 1.898, 1.45, 1.516))):
+            entry[f"{side}_ms"] = _times(device_ms, rng)
+            entry[f"{side}_wall_ms"] = 3 * device_wall * (1 + rng.uniform(-0.01, 0.01))
+            entry[f"{side}_host_ms"] = _times(host_ms, rng)
+            entry[f"{side}_host_wall_ms"] = 3 * host_wall * (1 + rng.uniform(-0.01, 0.01))
+        rounds.append(entry)
+    return rounds
+
+
+def test_an_unconfirmed_device_clock_is_capped_at_the_host_wall_too():
+    from kbverify.status import Warn
+
+    probe = {"ref": _probe(False), "cand": _probe(True)}
+    verdict = decide_timing(_verdict(_unconfirmed_host_copy_rounds(), probe=probe), VERIFIED)
+    timing = verdict.timing
+    assert Warn.DEVICE_TIME_UNCONFIRMED.value in verdict.warnings and timing["clock_used"] == "wall"
+    assert timing["mode"] == "sync"
+    clocks = timing["clocks"]
+    assert clocks["device"]["source"] == "wall" and "cand" in clocks["device"]["capped"]
+    for device, host in (("device", "host"), ("wall:device", "wall:host")):
+        assert clocks[device]["cand_ms"] <= clocks[host]["cand_ms"] * (1 + 1e-9)
+        assert clocks[device]["raw"]["ref_ms"] <= clocks[host]["raw"]["ref_ms"] * (1 + 1e-9) if "raw" in clocks[
+            device] else clocks[device]["ref_ms"] <= clocks[host]["ref_ms"] * (1 + 1e-9)
+    assert clocks["host"]["cand_ms"] == pytest.approx(1.516, rel=0.02)
+    assert verdict.speedup == pytest.approx(clocks["host"]["speedup"])
+
+
+def _costed_rounds(costs: dict, order: list, seed: int) -> list[dict]:
+    """A/A rounds whose cost follows the round's distribution: `costs` = {distribution: (device ms, host ms)}."""
+    rng = random.Random(seed)
+    rounds = []
+    for distribution in order:
+        device_ms, host_ms = costs[distribution]
+        entry = {"distribution": distribution}
+        for side in ("ref", "cand"):
+            entry[f"{side}_ms"] = _times(device_ms, rng)
+            entry[f"{side}_wall_ms"] = sum(entry[f"{side}_ms"]) + 3 * (HARNESS_MS + HOLD_MS)
+            entry[f"{side}_host_ms"] = _times(host_ms, rng)
+            entry[f"{side}_host_wall_ms"] = sum(entry[f"{side}_host_ms"]) + 3 * HARNESS_MS
+        rounds.append(entry)
+    return rounds
+
+
+@pytest.mark.parametrize("requested", ["auto", "sync"])
+def test_the_clean_reference_is_compared_distribution_by_distribution(requested):
+    """Each round draws one distribution in turn from a random start, so two processes hold them in different
+    shares: here the reference costs twice as much on `wide` values, the run beside the candidate has them half
+    the time, the clean process one round in five. Pooled, the reference beside the candidate read 1.5x slower
+    than the clean one: `reference_slowed`, the A/A taken against the clean time (0.67x), its interval widened."""
+    from kbverify.status import Warn
+
+    costs = {"x1": (0.10, 0.12), "wide": (0.20, 0.22)}
+    beside = _costed_rounds(costs, ["x1", "wide"] * 20, seed=1)
+    clean = {"rounds": _costed_rounds(costs, ["x1"] * 8 + ["wide"] * 2, seed=2),
+             "hold_probe": {"ref": _probe(False), "cand": _probe(False)}}
+    verdict = decide_timing(_verdict(beside, clean=clean, requested=requested), VERIFIED)
+    assert verdict.timing["mode"] == ("hold" if requested == "auto" else "sync")
+    assert Warn.REFERENCE_SLOWED.value not in verdict.warnings
+    assert verdict.speedup == pytest.approx(1.0, abs=0.01)
+    low, high = verdict.speedup_ci
+    assert 0.98 <= low <= 1.0 <= high <= 1.02, verdict.speedup_ci
+
+
+@settings(max_examples=40, deadline=None)
+@given(ref=_side, cand=_side, clean_ref=_side, seed=st.integers(0, 1000))
+def test_no_verdict_reports_a_device_time_above_its_host_time_after_the_clean_reference_either(ref, cand, clean_ref,
+                                                                                            seed):
+    """The clean-reference adjustment replaces a slowed reference's time on each clock apart: the reported times
+    (not only the raw ones) keep the device side at most the host side."""
+    clean = {"rounds": _rounds(clean_ref, clean_ref, n=12, seed=seed + 1),
+             "hold_probe": {"ref": _probe(False), "cand": _probe(False)}}
+    verdict = decide_timing(_verdict(_rounds(ref=ref, cand=cand, n=12, seed=seed), clean=clean), VERIFIED)
+    clocks = verdict.timing["clocks"]
+    for key in ("ref_ms", "cand_ms"):
+        assert clocks["device"][key] <= clocks["host"][key] * (1 + 1e-9), (key, clocks["device"], clocks["host"])
+    for name in ("device", "host"):
+        widened = clocks[name]["instances"]
+        assert widened["dof"] == len(widened["differences"]) and widened["before_ci"][0] > 0
+
+
+def test_the_device_clock_is_lowered_to_the_host_time_where_the_adjustments_cross():
+    from kbverify.stats import SpeedupEstimate
+    from kbverify.timing_verdict import _within_host
+
+    device = (SpeedupEstimate(2.0, 1.9, 2.1, 20, "order_statistic"), 0.20, 0.10)
+    estimate, ref_ms, cand_ms = _within_host(device, (None, 0.15, 0.12))
+    assert (ref_ms, cand_ms) == (0.15, 0.10)
+    assert estimate.speedup == pytest.approx(1.5) and estimate.ci_low == pytest.approx(1.9 * 0.75)
+    estimate, ref_ms, cand_ms = _within_host(device, (None, 0.30, 0.05))
+    assert (ref_ms, cand_ms) == (0.20, 0.05) and estimate.speedup == pytest.approx(4.0)
+    assert _within_host(device, (None, 0.30, 0.30)) == device
