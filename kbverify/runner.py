@@ -20,7 +20,7 @@ from pathlib import Path
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
 from kbverify import gpu_processes, stats, timing_control, toolchain
-from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
+from kbverify.channel import handover_strays, marker_names
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
@@ -184,16 +184,20 @@ def _unclaimed(outcome: ChildOutcome) -> ChildOutcome:
     return outcome
 
 
-def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str):
+def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str, markers: dict):
+    """The candidate's payload names only the judge's marker and the judge's only the candidate's (see channel)."""
+    first = (first[0], {**first[1], "markers": {"judge_ended": markers["judge_ended"]}})
+    second = (second[0], {**second[1], "markers": {"candidate_ended": markers["candidate_ended"]}})
+
     def marker(name):
         return lambda: _write_marker(os.path.join(outdir, name))
 
     pace = hang_module.ReferencePace()  # the judge's phases: how long the reference's own work takes
     specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED), writable=(outdir,),
+                       context.options.keep_workdirs, on_exit=marker(markers["candidate_ended"]), writable=(outdir,),
                        hang=context.hang(pace)),
              ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED), writable=(outdir,), pace=pace)]
+                       context.options.keep_workdirs, on_exit=marker(markers["judge_ended"]), writable=(outdir,), pace=pace)]
     outcomes = run_children(specs)
     context.reference_call_s = pace.call_s
     for spec, outcome in zip(specs, outcomes):
@@ -412,6 +416,7 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
     plan, origin = plan_for(context, secret)
     sets = [s.to_dict() for s in plan]
     outdir = tempfile.mkdtemp(prefix="kbverify-outputs-")
+    markers = marker_names()
     try:
         flags = {"train_mode": protocol.train_mode, "guards": protocol.guards, "sets": sets, "outdir": outdir}
         judge_payload = _payload(context, submission_source="", **flags,
@@ -421,7 +426,7 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
                                  fp64_reference=protocol.rule == "verified")
         # Side by side: the candidate hands over one output at a time and the judge takes it (evaluate.py).
         candidate, judge = _run_pair(context, ("candidate", _payload(context, **flags)), ("judge", judge_payload),
-                                     outdir)
+                                     outdir, markers)
         if candidate.died:
             status, detail = _died(candidate, "candidate", context.options.device)
             build = _build_record(context.static, None)
@@ -432,6 +437,10 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
             status, detail = _died(judge, "reference", context.options.device)
             return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
                                  hidden_shapes=origin)
+        strays = handover_strays(outdir, [s["set_id"] for s in sets], markers)
+        if strays:  # the parent's own look at the folder, not the candidate's word
+            candidate.result["tampered"] = [*(candidate.result.get("tampered") or []),
+                                            "hand-over folder: " + ", ".join(strays[:6])]
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
     set_results = merge_set_records(plan, candidate.result, judge.result, protocol)
@@ -547,7 +556,11 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
     if not ref.get("valid"):
         return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
     if "comparison" not in ref:
-        return Status.UNVERIFIABLE, "no candidate output to compare"
+        if not protocol.guards and (outputs.get("lazy") or outputs.get("no_storage")):
+            return Status.UNVERIFIABLE, "no candidate output to compare"
+        # the set ran in the candidate's process and the judge got nothing for it: whatever stopped the hand-over
+        # (its own code, a file it planted) was on the candidate's side, since the judge's needed nothing of it
+        return Status.EXPLOIT_TAMPER, "the candidate ran this set but handed over no output for it"
     outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol,
                                            ref.get("reference_vs_fp64"), ExactEvidence.from_record(ref))
     if outcome == "shape_mismatch":

@@ -100,3 +100,21 @@ def test_an_unused_sets_hand_over_is_discarded_unread(tmp_path):
         handle.truncate(1 << 40)
     assert evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", 0) is None
     assert not path.exists()
+
+
+def test_own_wait_ignores_files_it_did_not_publish(tmp_path):
+    # a decoy output and a planted "judge ended" marker decide nothing: the wait is for its own last output
+    (tmp_path / "decoy.pt").write_text("")
+    (tmp_path / evaluate.JUDGE_ENDED).write_text("")
+    evaluate._PUBLISHED.clear()
+    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", [torch.zeros(2)])
+    assert not evaluate._await_previous_consumed(str(tmp_path))  # its own output pending and the judge gone
+
+
+def test_strays_in_the_hand_over_folder_are_named(tmp_path):
+    from kbverify.channel import handover_strays
+
+    markers = {"candidate_ended": "c-1.ended", "judge_ended": "j-1.ended"}
+    for name in ("original__x1_default_s0.none", "c-1.ended", "judge.ended", "decoy.pt"):
+        (tmp_path / name).write_text("")
+    assert handover_strays(str(tmp_path), ["original/x1/default/s0"], markers) == ["decoy.pt", "judge.ended"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kbverify.child import guards
-from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
+from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED, handover_stem  # the parent writes the markers
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.child.construct import WeightsRefused, construct_candidate, load_weights, names_of
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
@@ -128,6 +128,7 @@ def candidate_job(payload: dict) -> dict:
     task = task_from(payload)
     sets = payload["sets"]
     outdir = payload["outdir"]
+    _MARKERS.update(payload.get("markers") or {})
     train = bool(payload.get("train_mode", True))
     guarded = bool(payload.get("guards", True))
     record: dict = {"sets": {}, "warnings": [], "weights_loaded": {}}
@@ -330,22 +331,23 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
 _HANDOVER_POLL_S = 0.002
 
 
-def _stem(set_id: str) -> str:
-    return set_id.replace("/", "__").replace(":", "_")
-
-
 def _output_path(outdir: str, set_id: str) -> str:
-    return os.path.join(outdir, _stem(set_id) + ".pt")
+    return os.path.join(outdir, handover_stem(set_id) + ".pt")
 
 
 def _skip_path(outdir: str, set_id: str) -> str:
-    return os.path.join(outdir, _stem(set_id) + ".none")
+    return os.path.join(outdir, handover_stem(set_id) + ".none")
+
+
+_PUBLISHED: list = []  # the path of the last output this process handed over
+_MARKERS = {"candidate_ended": CANDIDATE_ENDED, "judge_ended": JUDGE_ENDED}  # a job's payload names its run's
 
 
 def _await_previous_consumed(outdir: str) -> bool:
-    """Wait until the judge has taken the last published output; False if the judge is gone."""
-    while any(name.endswith(".pt") for name in os.listdir(outdir)):
-        if os.path.exists(os.path.join(outdir, JUDGE_ENDED)):
+    """Wait until the judge has taken the last output this process published (no other file decides it); False
+    if the judge is gone."""
+    while _PUBLISHED and os.path.lexists(_PUBLISHED[-1]):
+        if os.path.exists(os.path.join(outdir, _MARKERS["judge_ended"])):
             return False
         time.sleep(_HANDOVER_POLL_S)
     return True
@@ -375,6 +377,7 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
     else:
         torch.save(outputs, tmp)
     os.replace(tmp, _output_path(outdir, set_id))
+    _PUBLISHED[:] = [_output_path(outdir, set_id)]
     return True
 
 
@@ -484,7 +487,7 @@ def take_output(outdir: str, set_id: str, device, limit_bytes: int):
                 _discard(outdir, set_id)
         if os.path.exists(skip):
             return None
-        if os.path.exists(os.path.join(outdir, CANDIDATE_ENDED)):
+        if os.path.exists(os.path.join(outdir, _MARKERS["candidate_ended"])):
             if not os.path.exists(path):
                 return None
             continue
@@ -498,6 +501,7 @@ def judge_job(payload: dict) -> dict:
     task = task_from(payload)
     sets = payload["sets"]
     outdir = payload["outdir"]
+    _MARKERS.update(payload.get("markers") or {})
     train = bool(payload.get("train_mode", True))
     exact_flags = (bool(payload.get("reference_tf32", False)), bool(payload.get("reference_cudnn_tf32", False)))
     want_baseline = bool(payload.get("baseline_tf32", True)) and device.type == "cuda"
