@@ -115,6 +115,6 @@ def test_strays_in_the_hand_over_folder_are_named(tmp_path):
     from kbverify.channel import handover_strays
 
     markers = {"candidate_ended": "c-1.ended", "judge_ended": "j-1.ended"}
-    for name in ("original__x1_default_s0.none", "c-1.ended", "judge.ended", "decoy.pt"):
+    for name in ("original__x1__default__s0.none", "c-1.ended", "judge.ended", "decoy.pt"):
         (tmp_path / name).write_text("")
     assert handover_strays(str(tmp_path), ["original/x1/default/s0"], markers) == ["decoy.pt", "judge.ended"]
