@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import io
 import os
-import stat
 import time
 from dataclasses import dataclass
 import torch
@@ -18,6 +17,8 @@ from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED, handover_stem  # the 
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.child.construct import WeightsRefused, construct_candidate, load_weights, names_of
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
+from kbverify.child.handover_files import (HANDOVER_TENSOR_BYTES, handover_limit, read_regular as _read_regular,
+                                          too_large as _too_large)
 from kbverify.child.precision import set_tf32
 from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
                              short_error, synchronize, task_from)
@@ -382,44 +383,6 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
 
 
 _IPC_MAGIC = b"KBV-CUDA-IPC\n"
-
-
-# What a judge reads of a candidate's hand-over is bounded by what the reference's outputs can be: every element
-# the reference returns, twice over (a candidate output of another shape is read, so that it is judged a shape
-# mismatch), at 8 bytes (float64) or the reference's own element size where wider, plus the container's own bytes.
-# A larger file (a sparse one costs its writer nothing) is the candidate's failure, and is never read.
-HANDOVER_ELEMENT_FACTOR = 2
-HANDOVER_CONTAINER_BYTES = 16 << 20
-
-
-def handover_limit(reference: list) -> int:
-    return HANDOVER_CONTAINER_BYTES + HANDOVER_ELEMENT_FACTOR * sum(
-        t.numel() * max(t.element_size(), 8) for t in reference if isinstance(t, torch.Tensor))
-
-
-def _read_regular(path: str, limit_bytes: int) -> bytes:
-    """A hand-over file's bytes, read only if it is a plain file of at most `limit_bytes`: the folder is the
-    candidate's to write, and a link or a FIFO planted there must not make the judge read elsewhere or wait for
-    ever, nor a huge file exhaust its memory (it may still grow while read: no more than the limit is read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise ValueError("the hand-over is not a plain file")
-        if status.st_size > limit_bytes:
-            raise ValueError(_too_large(status.st_size, limit_bytes))
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit_bytes + 1)
-        if len(data) > limit_bytes:
-            raise ValueError(_too_large(len(data), limit_bytes))
-        return data
-    finally:
-        os.close(fd)
-
-
-def _too_large(size: int, limit_bytes: int) -> str:
-    return (f"the hand-over holds {size} bytes, more than the reference's outputs allow ({limit_bytes} bytes): "
-            "refused unread")
 
 
 def _load_ipc(data: bytes, limit_bytes: int) -> list:
