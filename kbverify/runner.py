@@ -226,6 +226,8 @@ def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
     The phases are the child's own messages, so once submission code has run (a candidate phase was announced)
     the ones after it are the submission's to choose: from then on the death is the candidate's whatever phase
     it last named. Before that the phase record is ours and names the party."""
+    if outcome.build_dir_over:  # the parent's own measure of what the job left on the host's disk
+        return Status.RUNTIME_ERROR, f"its build folder outgrew its bound and was emptied: {outcome.build_dir_over}"
     tainted = outcome.ran_submission and outcome.submission_phase_seen
     where = (outcome.last_phase if not tainted or outcome.last_phase.startswith("candidate")
              else f"{outcome.last_phase} (announced after submission code ran)") or "start-up"
