@@ -274,7 +274,11 @@ def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
     return BuildRecord(native_sources=static.native_sources, extension_built=built,
                        extension_called=(extensions.get("calls", 0) > 0) if built else None,
                        error_class=classify_build_error(error) if error else None, error=error[-3000:],
-                       triton=static.triton)
+                       triton=static.triton, triton_kernels_run=_count_or_none(extensions.get("triton_kernels_run")))
+
+
+def _count_or_none(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _confirm_machine_failure(context: _Context, build: BuildRecord) -> BuildRecord:
@@ -300,7 +304,11 @@ def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
         return warnings
     if static.native_sources and not build.extension_built:
         warnings.append(Warn.EXTENSION_NOT_BUILT.value)
-    if not static.has_custom_code or (build.extension_built and build.extension_called is False and not static.triton):
+    # what ran, where it is known: a triton import whose kernels never compiled is no custom code (an unknown
+    # count keeps the static scan's reading)
+    triton_ran = static.triton and build.triton_kernels_run != 0
+    native_ran = static.native_sources and build.extension_called is not False
+    if not static.has_custom_code or not (triton_ran or native_ran):
         warnings.append(Warn.PYTORCH_ONLY.value)
     return warnings
 

@@ -175,7 +175,7 @@ def candidate_job(payload: dict) -> dict:
         if entry.get("fatal"):
             record["fatal"] = entry["error"]
             break
-    record["extensions"] = watch.record()
+    record["extensions"] = watch.record(namespace)
     _await_previous_consumed(outdir)  # an output shared over CUDA IPC lives only as long as this process
     record["tampered"] = guards.tampered(snapshot) + guards.modes_left_active(modes_before) if guarded else []
     record["threads_started"] = guards.thread_count() - threads_before
