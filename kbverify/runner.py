@@ -511,7 +511,10 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
                                             "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error",
                                             "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64")
                   if key in ref}
-        valid = (bool(ref.get("valid")) and not (cand or {}).get("input_error")
+        # Whether a set is valid is the judge's to say (it drew the same inputs and ran the reference): the
+        # candidate's process claiming it could not draw them is its own failure (decide_set), never a reason
+        # to leave the set out.
+        valid = (bool(ref.get("valid"))
                  and not str((cand or {}).get("skipped", "")).startswith("weights_not_rerandomized"))
         base = dict(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
                     weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
@@ -527,7 +530,13 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
     if cand is None:
         if candidate_record.get("fatal"):
             return Status.CRASHED, "not run: an earlier set ended the CUDA context: " + candidate_record["fatal"]
-        return Status.UNVERIFIABLE, "not run"
+        # its process exited 0 with a record that leaves out a planned set: the harness writes every one
+        return Status.EXPLOIT_TAMPER, "the candidate's record has no entry for this set"
+    if cand.get("input_error"):
+        if not ref.get("valid"):
+            return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
+        return Status.RUNTIME_ERROR, ("its process could not draw the inputs the judge drew: "
+                                      + str(cand["input_error"]))
     if "skipped" in cand:
         reason = cand["skipped"]
         if reason.startswith(("construct_error", "weights_load_refused")):
@@ -539,7 +548,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
             # A verified pass needs the re-randomised sets (SPEC §2): parameters that cannot be mapped onto
             # Model's cannot pass, whatever the candidate's own record says of them afterwards.
             return Status.UNVERIFIABLE, "parameters_unmapped: " + reason
-        return Status.UNVERIFIABLE, reason
+        # not a reason the harness gives: only code in the candidate's process could have written it
+        return Status.EXPLOIT_TAMPER, "the candidate's record skips this set for a reason the harness never gives: " + reason
     if cand.get("bad_output"):
         return Status.INCORRECT, cand["error"]
     if ref.get("candidate_output_error"):
