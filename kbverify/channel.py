@@ -24,9 +24,34 @@ EXIT = "exit"  # supervisor → parent: {"code": N | None, "signal": N | None}; 
 COMMAND = "command"  # parent → job: a request of the job's protocol (e.g. a timing round)
 REPLY = "reply"  # job → parent: the answer to a command
 
-# The candidate → judge hand-over folder: markers the parent writes there when either process is gone.
+# The candidate → judge hand-over folder: markers the parent writes there when either process is gone. A run's
+# markers take names drawn by the parent (marker_names): each process learns only the name of the other's marker,
+# so the candidate cannot plant the one the judge reads (the defaults serve a caller that gives none).
 CANDIDATE_ENDED = "candidate.ended"
 JUDGE_ENDED = "judge.ended"
+
+
+def marker_names() -> dict:
+    import secrets
+
+    return {"candidate_ended": f"c-{secrets.token_hex(8)}.ended", "judge_ended": f"j-{secrets.token_hex(8)}.ended"}
+
+
+def handover_stem(set_id: str) -> str:
+    return set_id.replace("/", "__").replace(":", "_")
+
+
+def handover_strays(handover: str, set_ids: list[str], markers: dict) -> list[str]:
+    """What the hand-over folder holds beyond the files the two processes exchange for the planned sets and the
+    parent's markers: only the candidate's process could have put it there (planted markers, decoys, folders)."""
+    expected = {handover_stem(s) + suffix for s in set_ids for suffix in (".pt", ".none", ".pt.tmp")}
+    expected.update(markers.values())
+    try:
+        return sorted(name for name in os.listdir(handover) if name not in expected or
+                      not os.path.isfile(os.path.join(handover, name)) or
+                      os.path.islink(os.path.join(handover, name)))
+    except OSError as error:
+        return [f"(unreadable: {error.strerror})"]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _HEADER = struct.Struct(">I")

@@ -93,10 +93,13 @@ def tmpfs_size() -> str:
 SANDBOX_UID_BASE = 200000  # one uid per supervisor above this: no file, key or process of anyone else's
 
 
-def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = "") -> Confinement:
+def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = "", scratch: str = "") -> Confinement:
     """In the supervisor, before it forks: new namespaces and the mount view its next child will have. `stage` is
     an empty folder of the parent's on which the private temporary folders are built; `writable` the host folders
-    that stay writable (at their own paths); `tmpfs` the size= of each private tmpfs. Returns how far it got; never half-applies a view without saying so."""
+    that stay writable (at their own paths); `tmpfs` the size= of each private tmpfs; `scratch` the one of them
+    (the job's cwd, HOME and TMPDIR) that becomes a private tmpfs of that size instead of the host's folder, so
+    that what the job writes there cannot fill the host's disk. Returns how far it got; never half-applies a view
+    without saying so."""
     if off:
         return Confinement("degraded", f"switched off by {DISABLE_ENV}=off")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
@@ -111,7 +114,8 @@ def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = ""
         if user:
             _map_user(uid, gid)
         _private_view(writable, stage, needed=[] if user else _needed_to_read(),
-                      bound=f"size={tmpfs or tmpfs_size()},nr_inodes={TMPFS_INODES}")
+                      bound=f"size={tmpfs or tmpfs_size()},nr_inodes={TMPFS_INODES}",
+                      scratch=os.path.realpath(scratch) if scratch else "")
     except OSError as error:
         # The namespaces exist but the view could not be built: nothing confines the job, so say so.
         return Confinement("degraded", f"mount view failed ({error})", new_pid_namespace=True)
@@ -156,7 +160,7 @@ def _needed_to_read() -> list[str]:
     return sorted(os.path.realpath(p) for p in paths)
 
 
-def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str) -> None:
+def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str, scratch: str = "") -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)  # the private temporary folders
     _open_blocked_ancestors(needed + writable, stage)
@@ -169,9 +173,12 @@ def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: 
         root = next((r for r in reversed(roots) if path == r or path.startswith(r + "/")), None)
         target = path if root is None else os.path.join(stage, f"root{roots.index(root)}") + path[len(root):]
         os.makedirs(target, exist_ok=True)
-        _mount(path, target, None, _MS_BIND | _MS_REC)
-        # what a job writes there must not become a way up: no setuid files, no device nodes
-        _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV)
+        if path == scratch:
+            _scratch_on_tmpfs(target, bound)
+        else:
+            _mount(path, target, None, _MS_BIND | _MS_REC)
+            # what a job writes there must not become a way up: no setuid files, no device nodes
+            _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV)
         binds.append(target)
     _read_only_everything([stage, *binds])
     # the root that holds the stage goes last: once covered, the stage is out of reach by its path
@@ -179,6 +186,14 @@ def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: 
         _mount(os.path.join(stage, f"root{index}"), root, None, _MS_BIND | _MS_REC)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777," + bound)
+
+
+def _scratch_on_tmpfs(target: str, bound: str) -> None:
+    """The job's scratch (cwd, HOME, TMPDIR: gettempdir) as a bounded tmpfs with the folders the job expects: a
+    job that fills it fails with ENOSPC, its own failure, and the host's disk stays as it was."""
+    _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)
+    for sub in ("home", "tmp"):
+        os.makedirs(os.path.join(target, sub), exist_ok=True)
 
 
 def _open_blocked_ancestors(paths: list[str], stage: str) -> None:

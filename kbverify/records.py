@@ -40,6 +40,7 @@ class BuildRecord:
     error: str = ""
     triton: bool = False
     custom_kernels_seen: tuple[str, ...] = ()  # GPU profiler: kernels the submission defines that ran
+    triton_kernels_run: int | None = None  # the candidate's triton kernels compiled in its run (None: unknown)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
 from kbverify import gpu_processes, stats, timing_control, toolchain
-from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED
+from kbverify.channel import handover_strays, marker_names
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
@@ -189,16 +189,20 @@ def _unclaimed(outcome: ChildOutcome) -> ChildOutcome:
     return outcome
 
 
-def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str):
+def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dict], outdir: str, markers: dict):
+    """The candidate's payload names only the judge's marker and the judge's only the candidate's (see channel)."""
+    first = (first[0], {**first[1], "markers": {"judge_ended": markers["judge_ended"]}})
+    second = (second[0], {**second[1], "markers": {"candidate_ended": markers["candidate_ended"]}})
+
     def marker(name):
         return lambda: _write_marker(os.path.join(outdir, name))
 
     pace = hang_module.ReferencePace()  # the judge's phases: how long the reference's own work takes
     specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(CANDIDATE_ENDED), writable=(outdir,),
+                       context.options.keep_workdirs, on_exit=marker(markers["candidate_ended"]), writable=(outdir,),
                        hang=context.hang(pace)),
              ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
-                       context.options.keep_workdirs, on_exit=marker(JUDGE_ENDED), writable=(outdir,), pace=pace)]
+                       context.options.keep_workdirs, on_exit=marker(markers["judge_ended"]), writable=(outdir,), pace=pace)]
     outcomes = run_children(specs)
     context.reference_call_s = pace.call_s
     for spec, outcome in zip(specs, outcomes):
@@ -227,6 +231,8 @@ def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:
     The phases are the child's own messages, so once submission code has run (a candidate phase was announced)
     the ones after it are the submission's to choose: from then on the death is the candidate's whatever phase
     it last named. Before that the phase record is ours and names the party."""
+    if outcome.build_dir_over:  # the parent's own measure of what the job left on the host's disk
+        return Status.RUNTIME_ERROR, f"its build folder outgrew its bound and was emptied: {outcome.build_dir_over}"
     tainted = outcome.ran_submission and outcome.submission_phase_seen
     where = (outcome.last_phase if not tainted or outcome.last_phase.startswith("candidate")
              else f"{outcome.last_phase} (announced after submission code ran)") or "start-up"
@@ -273,7 +279,11 @@ def _build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
     return BuildRecord(native_sources=static.native_sources, extension_built=built,
                        extension_called=(extensions.get("calls", 0) > 0) if built else None,
                        error_class=classify_build_error(error) if error else None, error=error[-3000:],
-                       triton=static.triton)
+                       triton=static.triton, triton_kernels_run=_count_or_none(extensions.get("triton_kernels_run")))
+
+
+def _count_or_none(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _confirm_machine_failure(context: _Context, build: BuildRecord) -> BuildRecord:
@@ -299,7 +309,11 @@ def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
         return warnings
     if static.native_sources and not build.extension_built:
         warnings.append(Warn.EXTENSION_NOT_BUILT.value)
-    if not static.has_custom_code or (build.extension_built and build.extension_called is False and not static.triton):
+    # what ran, where it is known: a triton import whose kernels never compiled is no custom code (an unknown
+    # count keeps the static scan's reading)
+    triton_ran = static.triton and build.triton_kernels_run != 0
+    native_ran = static.native_sources and build.extension_called is not False
+    if not static.has_custom_code or not (triton_ran or native_ran):
         warnings.append(Warn.PYTORCH_ONLY.value)
     return warnings
 
@@ -417,6 +431,7 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
     plan, origin = plan_for(context, secret)
     sets = [s.to_dict() for s in plan]
     outdir = tempfile.mkdtemp(prefix="kbverify-outputs-")
+    markers = marker_names()
     try:
         flags = {"train_mode": protocol.train_mode, "guards": protocol.guards, "sets": sets, "outdir": outdir}
         judge_payload = _payload(context, submission_source="", **flags,
@@ -426,7 +441,7 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
                                  fp64_reference=protocol.rule == "verified")
         # Side by side: the candidate hands over one output at a time and the judge takes it (evaluate.py).
         candidate, judge = _run_pair(context, ("candidate", _payload(context, **flags)), ("judge", judge_payload),
-                                     outdir)
+                                     outdir, markers)
         if candidate.died:
             status, detail = _died(candidate, "candidate", context.options.device)
             build = _build_record(context.static, None)
@@ -437,6 +452,10 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
             status, detail = _died(judge, "reference", context.options.device)
             return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
                                  hidden_shapes=origin)
+        strays = handover_strays(outdir, [s["set_id"] for s in sets], markers)
+        if strays:  # the parent's own look at the folder, not the candidate's word
+            candidate.result["tampered"] = [*(candidate.result.get("tampered") or []),
+                                            "hand-over folder: " + ", ".join(strays[:6])]
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
     set_results = merge_set_records(plan, candidate.result, judge.result, protocol)
@@ -497,7 +516,10 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
                                             "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error",
                                             "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64")
                   if key in ref}
-        valid = (bool(ref.get("valid")) and not (cand or {}).get("input_error")
+        # Whether a set is valid is the judge's to say (it drew the same inputs and ran the reference): the
+        # candidate's process claiming it could not draw them is its own failure (decide_set), never a reason
+        # to leave the set out.
+        valid = (bool(ref.get("valid"))
                  and not str((cand or {}).get("skipped", "")).startswith("weights_not_rerandomized"))
         base = dict(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
                     weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
@@ -513,7 +535,13 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
     if cand is None:
         if candidate_record.get("fatal"):
             return Status.CRASHED, "not run: an earlier set ended the CUDA context: " + candidate_record["fatal"]
-        return Status.UNVERIFIABLE, "not run"
+        # its process exited 0 with a record that leaves out a planned set: the harness writes every one
+        return Status.EXPLOIT_TAMPER, "the candidate's record has no entry for this set"
+    if cand.get("input_error"):
+        if not ref.get("valid"):
+            return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
+        return Status.RUNTIME_ERROR, ("its process could not draw the inputs the judge drew: "
+                                      + str(cand["input_error"]))
     if "skipped" in cand:
         reason = cand["skipped"]
         if reason.startswith(("construct_error", "weights_load_refused")):
@@ -525,7 +553,8 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
             # A verified pass needs the re-randomised sets (SPEC §2): parameters that cannot be mapped onto
             # Model's cannot pass, whatever the candidate's own record says of them afterwards.
             return Status.UNVERIFIABLE, "parameters_unmapped: " + reason
-        return Status.UNVERIFIABLE, reason
+        # not a reason the harness gives: only code in the candidate's process could have written it
+        return Status.EXPLOIT_TAMPER, "the candidate's record skips this set for a reason the harness never gives: " + reason
     if cand.get("bad_output"):
         return Status.INCORRECT, cand["error"]
     if ref.get("candidate_output_error"):
@@ -552,7 +581,11 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
     if not ref.get("valid"):
         return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
     if "comparison" not in ref:
-        return Status.UNVERIFIABLE, "no candidate output to compare"
+        if not protocol.guards and (outputs.get("lazy") or outputs.get("no_storage")):
+            return Status.UNVERIFIABLE, "no candidate output to compare"
+        # the set ran in the candidate's process and the judge got nothing for it: whatever stopped the hand-over
+        # (its own code, a file it planted) was on the candidate's side, since the judge's needed nothing of it
+        return Status.EXPLOIT_TAMPER, "the candidate ran this set but handed over no output for it"
     outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol,
                                            ref.get("reference_vs_fp64"), ExactEvidence.from_record(ref))
     if outcome == "shape_mismatch":

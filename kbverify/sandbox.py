@@ -18,10 +18,11 @@ import signal
 import sys
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbverify import channel, confine, supervisor
+from kbverify import channel, confine, disk_bound, supervisor
 from kbverify.errors import InfrastructureError, InputError
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class ChildOutcome:
     sandbox_failed: str = ""  # the sandbox was asked for and could not start: ours, never the candidate's
     stalled_s: float | None = None  # killed for no progress: how long it had said nothing (kbverify.hang)
     stall_allowance_s: float | None = None  # and the budget it had then
+    build_dir_over: str = ""  # its build folders took more than their bound and were emptied (kbverify.disk_bound)
 
     def timeline(self) -> str:
         """Where the wall time went, for logs: `start 4.10 s, job 2.10 s: worker:start 0.31, reference:load 0.90, …`."""
@@ -312,6 +314,10 @@ class _Running:
             output_bytes=self.dropped + size, wall_s=wall_s, start_s=self.start_s,
             stalled_s=self.stalled_s, stall_allowance_s=self.stall_allowance_s)
         self.channel.close()
+        if self.outcome.ran_submission:
+            over = disk_bound.enforce(_writable_from(dict(self.spec.env or {}), ()))
+            if over:
+                self.outcome = dataclasses.replace(self.outcome, result=None, build_dir_over=over)
         self._remove_dirs(keep_workdir=self.spec.keep_dir)
         if callable(self.spec.on_exit):
             self.spec.on_exit()

@@ -57,7 +57,7 @@ def test_a_hand_over_larger_than_the_reference_allows_is_refused_unread(tmp_path
     """A sparse file costs its writer nothing and the judge its memory: past the limit it is not read at all."""
     reference = [torch.zeros(1024, 1024)]  # 4 MiB; the limit: twice its elements at 8 bytes, plus 16 MiB
     limit = evaluate.handover_limit(reference)
-    assert limit == 16 * 2**20 + 2 * 1024 * 1024 * 8
+    assert limit == 16 * 2**20 + 2 * (1024 * 1024 * 8 + evaluate.HANDOVER_TENSOR_BYTES)
     path = tmp_path / "original__x1__default__s0.pt"
     with open(path, "wb") as handle:
         handle.truncate(1 << 30)  # 1 GiB of nothing
@@ -100,3 +100,30 @@ def test_an_unused_sets_hand_over_is_discarded_unread(tmp_path):
         handle.truncate(1 << 40)
     assert evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", 0) is None
     assert not path.exists()
+
+
+def test_own_wait_ignores_files_it_did_not_publish(tmp_path):
+    # a decoy output and a planted "judge ended" marker decide nothing: the wait is for its own last output
+    (tmp_path / "decoy.pt").write_text("")
+    (tmp_path / evaluate.JUDGE_ENDED).write_text("")
+    evaluate._PUBLISHED.clear()
+    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", [torch.zeros(2)])
+    assert not evaluate._await_previous_consumed(str(tmp_path))  # its own output pending and the judge gone
+    evaluate._PUBLISHED.clear()
+
+
+def test_strays_in_the_hand_over_folder_are_named(tmp_path):
+    from kbverify.channel import handover_strays
+
+    markers = {"candidate_ended": "c-1.ended", "judge_ended": "j-1.ended"}
+    for name in ("original__x1__default__s0.none", "c-1.ended", "judge.ended", "decoy.pt"):
+        (tmp_path / name).write_text("")
+    assert handover_strays(str(tmp_path), ["original/x1/default/s0"], markers) == ["decoy.pt", "judge.ended"]
+
+
+def test_many_small_tensors_fit_their_bound(tmp_path):
+    # torch.save's own record of each tensor (~200 bytes) is allowed for: 100k rows of 4 are not refused
+    rows = list(torch.unbind(torch.rand(100_000, 4), dim=0))
+    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", rows)
+    taken = evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", evaluate.handover_limit(rows))
+    assert len(taken) == len(rows)

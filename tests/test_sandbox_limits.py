@@ -52,6 +52,29 @@ def test_the_private_tmpfs_folders_are_bounded_by_default():
         assert seen["total"] == expected, (folder, seen)
 
 
+def test_the_scratch_home_and_gettempdir_are_bounded_too(monkeypatch):
+    # cwd, HOME and TMPDIR are the job's scratch: a private tmpfs of the same bound, not the host's disk
+    monkeypatch.setenv(confine.TMPFS_SIZE_ENV, "24m")
+    source = FILL.format(cap=256 * MiB).replace('("/tmp", "/var/tmp", "/dev/shm")',
+                                                '(os.getcwd(), os.environ["HOME"], __import__("tempfile").gettempdir())')
+    outcome = run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=60)
+    for folder, seen in _found(outcome).items():
+        assert seen["error"] == "ENOSPC" and seen["written"] <= 24 * MiB, (folder, seen)
+
+
+def test_a_build_folder_over_its_bound_is_emptied_and_the_job_blamed(monkeypatch, tmp_path):
+    from kbverify import disk_bound
+
+    monkeypatch.setenv(disk_bound.LIMIT_ENV, str(2 * MiB))
+    build = tmp_path / "build"
+    source = ("import os\nwith open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'pad.bin'), 'wb') as f:\n"
+              "    f.write(os.urandom(6 << 20))\n")
+    outcome = run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=60,
+                        env={"TORCH_EXTENSIONS_DIR": str(build)})
+    assert outcome.died and "bound" in outcome.build_dir_over, outcome
+    assert build.is_dir() and not any(build.iterdir())
+
+
 def test_filling_a_tmpfs_stops_at_its_bound(monkeypatch):
     monkeypatch.setenv(confine.TMPFS_SIZE_ENV, "24m")
     outcome = run_child("build", {"submission_source": FILL.format(cap=256 * MiB), "device": "cpu"}, timeout_s=60)

@@ -8,16 +8,17 @@ from __future__ import annotations
 import gc
 import io
 import os
-import stat
 import time
 from dataclasses import dataclass
 import torch
 
 from kbverify.child import guards
-from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED  # written by the parent when either process is gone
+from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED, handover_stem  # the parent writes the markers
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.child.construct import WeightsRefused, construct_candidate, load_weights, names_of
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
+from kbverify.child.handover_files import (HANDOVER_TENSOR_BYTES, handover_limit, read_regular as _read_regular,
+                                          too_large as _too_large)
 from kbverify.child.precision import set_tf32
 from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
                              short_error, synchronize, task_from)
@@ -131,6 +132,7 @@ def candidate_job(payload: dict) -> dict:
     task = task_from(payload)
     sets = payload["sets"]
     outdir = payload["outdir"]
+    _MARKERS.update(payload.get("markers") or {})
     train = bool(payload.get("train_mode", True))
     guarded = bool(payload.get("guards", True))
     record: dict = {"sets": {}, "warnings": [], "weights_loaded": {}}
@@ -176,7 +178,7 @@ def candidate_job(payload: dict) -> dict:
         if entry.get("fatal"):
             record["fatal"] = entry["error"]
             break
-    record["extensions"] = watch.record()
+    record["extensions"] = watch.record(namespace)
     _await_previous_consumed(outdir)  # an output shared over CUDA IPC lives only as long as this process
     record["tampered"] = guards.tampered(snapshot) + guards.modes_left_active(modes_before) if guarded else []
     record["threads_started"] = guards.thread_count() - threads_before
@@ -336,22 +338,23 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
 _HANDOVER_POLL_S = 0.002
 
 
-def _stem(set_id: str) -> str:
-    return set_id.replace("/", "__").replace(":", "_")
-
-
 def _output_path(outdir: str, set_id: str) -> str:
-    return os.path.join(outdir, _stem(set_id) + ".pt")
+    return os.path.join(outdir, handover_stem(set_id) + ".pt")
 
 
 def _skip_path(outdir: str, set_id: str) -> str:
-    return os.path.join(outdir, _stem(set_id) + ".none")
+    return os.path.join(outdir, handover_stem(set_id) + ".none")
+
+
+_PUBLISHED: list = []  # the path of the last output this process handed over
+_MARKERS = {"candidate_ended": CANDIDATE_ENDED, "judge_ended": JUDGE_ENDED}  # a job's payload names its run's
 
 
 def _await_previous_consumed(outdir: str) -> bool:
-    """Wait until the judge has taken the last published output; False if the judge is gone."""
-    while any(name.endswith(".pt") for name in os.listdir(outdir)):
-        if os.path.exists(os.path.join(outdir, JUDGE_ENDED)):
+    """Wait until the judge has taken the last output this process published (no other file decides it); False
+    if the judge is gone."""
+    while _PUBLISHED and os.path.lexists(_PUBLISHED[-1]):
+        if os.path.exists(os.path.join(outdir, _MARKERS["judge_ended"])):
             return False
         time.sleep(_HANDOVER_POLL_S)
     return True
@@ -381,48 +384,11 @@ def publish_output(outdir: str, set_id: str, outputs: list, *, ipc: bool = False
     else:
         torch.save(outputs, tmp)
     os.replace(tmp, _output_path(outdir, set_id))
+    _PUBLISHED[:] = [_output_path(outdir, set_id)]
     return True
 
 
 _IPC_MAGIC = b"KBV-CUDA-IPC\n"
-
-
-# What a judge reads of a candidate's hand-over is bounded by what the reference's outputs can be: every element
-# the reference returns, twice over (a candidate output of another shape is read, so that it is judged a shape
-# mismatch), at 8 bytes (float64) or the reference's own element size where wider, plus the container's own bytes.
-# A larger file (a sparse one costs its writer nothing) is the candidate's failure, and is never read.
-HANDOVER_ELEMENT_FACTOR = 2
-HANDOVER_CONTAINER_BYTES = 16 << 20
-
-
-def handover_limit(reference: list) -> int:
-    return HANDOVER_CONTAINER_BYTES + HANDOVER_ELEMENT_FACTOR * sum(
-        t.numel() * max(t.element_size(), 8) for t in reference if isinstance(t, torch.Tensor))
-
-
-def _read_regular(path: str, limit_bytes: int) -> bytes:
-    """A hand-over file's bytes, read only if it is a plain file of at most `limit_bytes`: the folder is the
-    candidate's to write, and a link or a FIFO planted there must not make the judge read elsewhere or wait for
-    ever, nor a huge file exhaust its memory (it may still grow while read: no more than the limit is read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise ValueError("the hand-over is not a plain file")
-        if status.st_size > limit_bytes:
-            raise ValueError(_too_large(status.st_size, limit_bytes))
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit_bytes + 1)
-        if len(data) > limit_bytes:
-            raise ValueError(_too_large(len(data), limit_bytes))
-        return data
-    finally:
-        os.close(fd)
-
-
-def _too_large(size: int, limit_bytes: int) -> str:
-    return (f"the hand-over holds {size} bytes, more than the reference's outputs allow ({limit_bytes} bytes): "
-            "refused unread")
 
 
 def _load_ipc(data: bytes, limit_bytes: int) -> list:
@@ -490,7 +456,7 @@ def take_output(outdir: str, set_id: str, device, limit_bytes: int):
                 _discard(outdir, set_id)
         if os.path.exists(skip):
             return None
-        if os.path.exists(os.path.join(outdir, CANDIDATE_ENDED)):
+        if os.path.exists(os.path.join(outdir, _MARKERS["candidate_ended"])):
             if not os.path.exists(path):
                 return None
             continue
@@ -504,6 +470,7 @@ def judge_job(payload: dict) -> dict:
     task = task_from(payload)
     sets = payload["sets"]
     outdir = payload["outdir"]
+    _MARKERS.update(payload.get("markers") or {})
     train = bool(payload.get("train_mode", True))
     exact_flags = (bool(payload.get("reference_tf32", False)), bool(payload.get("reference_cudnn_tf32", False)))
     want_baseline = bool(payload.get("baseline_tf32", True)) and device.type == "cuda"

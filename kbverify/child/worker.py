@@ -458,9 +458,35 @@ class ExtensionWatch:
                 pass
         return module
 
-    def record(self) -> dict:
+    def record(self, namespace: dict | None = None) -> dict:
         return {"attempts": self.attempts, "built": self.built, "errors": self.errors[-3:],
-                "calls": self.calls, "build_s": self.build_s}
+                "calls": self.calls, "build_s": self.build_s, "triton_kernels_run": triton_kernels_run(namespace)}
+
+
+def triton_kernels_run(namespace: dict | None) -> int | None:
+    """How many of the submission's triton kernels were compiled (every launch compiles first, once per
+    signature), from the kernels' own caches, after the run: 0 when triton was never imported (a dead import is not
+    custom code); None where it cannot be known (no namespace, or a triton that keeps its caches elsewhere)."""
+    if "triton" not in sys.modules:
+        return 0
+    JITFunction = getattr(sys.modules.get("triton.runtime.jit"), "JITFunction", None)
+    if namespace is None or JITFunction is None:
+        return None
+    kernels = []
+    for value in namespace.values():
+        while not isinstance(value, JITFunction) and hasattr(value, "fn"):  # autotuners, heuristics
+            value = value.fn
+        if isinstance(value, JITFunction):
+            kernels.append(value)
+    if not kernels:
+        return None  # its kernels, if any, live where the namespace does not show them
+    compiled = 0
+    for kernel in kernels:
+        caches = getattr(kernel, "device_caches", None) or getattr(kernel, "cache", None)
+        if not isinstance(caches, dict):
+            return None
+        compiled += sum(len(c[0] if isinstance(c, tuple) else c) for c in caches.values())
+    return compiled
 
 
 def build_job(payload: dict) -> dict:
