@@ -30,3 +30,14 @@ def test_the_reproducer_reruns_exactly_the_failing_set():
     assert again["sets"]["total"] == 1
     assert again["reproducer"]["seed"] == reproducer["seed"]
     assert again["reproducer"]["worst"] == reproducer["worst"], "same seed, same inputs, same worst element"
+
+
+@pytest.mark.slow
+def test_only_a_hidden_shape_set_runs_the_submission_in_the_task_names():
+    """With only hidden-shape sets asked for, the submission still loads in the original task's namespace: a harness
+    that lost it would report a crash during candidate:load, blamed on an honest kernel."""
+    honest = CORPUS / "honest" / "relu_clamp.py"
+    code, verdict = _check(honest, "--task", RELU, "--protocol", "verified", "--only", "hidden:1/wide/default/s0",
+                           "--secret", "cdcd3481e7edb9a7")
+    assert verdict["status"] == "passed", verdict
+    assert code == 0 and verdict["sets"]["total"] == 1
