@@ -15,7 +15,12 @@ Where the judge also compared the candidate with the exact answer (the reference
 float64, with both allowances measured against float64 too: the TF32 baseline's error ×4 as above, and the fp32
 reference's own error ×16 in the element-wise tail and norm-wise, however large that error is. On a reduction that
 cancels, the fp32 reference can be thousands of times the tolerance off the exact answer; a candidate at least as
-close to it, element by element, therefore always passes. Records without that comparison keep the rules above.
+close to it, element by element, therefore always passes. One more base there: how far float64 itself moves
+when every input, parameter and buffer moves by one fp32 rounding (`ExactEvidence.perturbed`), ×16 in the tail and
+norm-wise. A kernel that rounds its data once (a BatchNorm folded into a convolution's weight) errs by about that
+much on outputs that cancel among large terms, however exactly the reference rounds: measured on the CPU, a folded
+convolution on the wide-range set at ×3.48 of the element limit from float64, where the reference was ×0.136 and
+the moved answer ×0.38 to ×1.84. Records without that comparison keep the rules above.
 """
 
 from __future__ import annotations
@@ -253,6 +258,10 @@ class ExactEvidence:
     candidate: dict | None  # `summarize(float64 output, candidate output)`
     baseline: dict | None  # `summarize(float64 output, TF32 baseline output)`; None where no baseline ran (CPU)
     status: str  # EXACT_AVAILABLE, or "unavailable (why)"
+    # `summarize(float64 output, float64 output of the same model with every floating input, parameter and buffer
+    # one fp32 rounding unit away)`: how far the exact answer moves when the data moves by the rounding an fp32
+    # kernel may apply to it (a folded or pre-scaled weight is such a rounding). None in older records.
+    perturbed: dict | None = None
 
     @classmethod
     def from_record(cls, record: dict) -> "ExactEvidence | None":
@@ -260,7 +269,8 @@ class ExactEvidence:
         such records are judged by the rules they were made under."""
         if "exact_reference" not in record:
             return None
-        return cls(record.get("candidate_vs_fp64"), record.get("baseline_vs_fp64"), record["exact_reference"])
+        return cls(record.get("candidate_vs_fp64"), record.get("baseline_vs_fp64"), record["exact_reference"],
+                   record.get("perturbed_vs_fp64"))
 
 
 def judge_set(comparison: dict, baseline: dict | None, protocol, reference_error: dict | None = None,
@@ -282,14 +292,14 @@ def judge_set(comparison: dict, baseline: dict | None, protocol, reference_error
     if against is None:
         return outcome, f"{detail}; exact_reference: {why_not}", used
     exact_outcome, exact_detail, exact_used = _judge_parts(against, exact.baseline, reference_error, protocol,
-                                                           exact=True)
+                                                           exact=True, perturbed=exact.perturbed)
     if exact_outcome == "passed":
         return "passed", "judged against float64" + ("; baseline allowance used" if exact_used else ""), exact_used
     return outcome, f"{detail}; against float64: {exact_detail}", used
 
 
 def _judge_parts(comparison: dict, baseline: dict | None, reference_error: dict | None, protocol,
-                 exact: bool) -> tuple[str, str, bool]:
+                 exact: bool, perturbed: dict | None = None) -> tuple[str, str, bool]:
     """Every output part judged in turn. `exact`: `comparison` and `baseline` are against float64; the structural
     checks were made on the comparison with the fp32 reference (the float64 output's dtype is not the task's)."""
     if "structure_mismatch" in comparison:
@@ -301,7 +311,7 @@ def _judge_parts(comparison: dict, baseline: dict | None, reference_error: dict 
         if failure is not None:
             return failure[0], where + failure[1], False
         bases = _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index), protocol,
-                                 exact=exact)
+                                 exact=exact, perturbed=_baseline_part(perturbed, index))
         ok, detail, used = _judge_tensor(part, bases, protocol)
         allowance_used |= used
         if not ok:
@@ -368,9 +378,11 @@ class _Allowance:
     norm_factor: float  # the norm-wise limit is max(norm_rtol, norm_factor × the base's); 0: not relaxed
 
 
-def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol, *, exact: bool = False) -> list[_Allowance]:
+def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol, *, exact: bool = False,
+                     perturbed: dict | None = None) -> list[_Allowance]:
     """The TF32 baseline's error with the protocol's factor; the reference's own rounding with ROUNDING_ALLOWANCE,
-    for the tail of the elements. `exact`: the candidate is measured against float64, as both bases are."""
+    for the tail of the elements. `exact`: the candidate is measured against float64, as both bases are, and
+    `perturbed` (the exact answer's own move under one fp32 rounding of its data) is a base like the reference's."""
     if protocol.rule != "verified" or not protocol.baseline_allowance:
         return []
     factor = protocol.baseline_allowance
@@ -381,6 +393,9 @@ def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol, *, exac
         # candidate doing as well must pass, norm-wise too (SPEC §2); one that differs from the reference only by
         # its own rounding lands as often above that error as below, hence the tail's factor for the norm too.
         bases.append(_Allowance(rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64", True, ROUNDING_ALLOWANCE))
+    if exact and perturbed is not None:
+        bases.append(_Allowance(perturbed, ROUNDING_ALLOWANCE, "float64 one fp32 rounding of the data away", True,
+                                ROUNDING_ALLOWANCE))
     elif _precision_only(rounding) is not None:
         bases.append(_Allowance(rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64", True, 0.0))
     return bases
@@ -445,7 +460,8 @@ def _judge_tensor(part: dict, bases: list[_Allowance], protocol) -> tuple[bool, 
 
 
 def certainly_rejects(screened: dict, baseline: dict | None, protocol, reference_error: dict | None = None,
-                      exact_screened: dict | None = None, exact_baseline: dict | None = None) -> bool:
+                      exact_screened: dict | None = None, exact_baseline: dict | None = None,
+                      exact_perturbed: dict | None = None) -> bool:
     """Whether `judge_set` rejects, under `protocol`, any candidate whose sample `screen` measured, whatever the
     elements it did not sample hold. Why that is certain: `_summarize_tensor` takes the element-wise ratio's
     maximum over every element, sampled ones included, with the same float64 arithmetic, so a sampled maximum s
@@ -463,11 +479,12 @@ def certainly_rejects(screened: dict, baseline: dict | None, protocol, reference
         return False
     if exact_screened is None or protocol.rule != "verified":
         return True
-    return _screen_rejects(exact_screened, exact_baseline, reference_error, protocol, exact=True)
+    return _screen_rejects(exact_screened, exact_baseline, reference_error, protocol, exact=True,
+                           perturbed=exact_perturbed)
 
 
 def _screen_rejects(screened: dict, baseline: dict | None, reference_error: dict | None, protocol,
-                    exact: bool) -> bool:
+                    exact: bool, perturbed: dict | None = None) -> bool:
     key = grid_key(protocol.atol)
     tolerance = float(key)  # the grid's tolerance itself: repr round-trips
     for index, part in enumerate(screened["outputs"]):
@@ -475,7 +492,7 @@ def _screen_rejects(screened: dict, baseline: dict | None, reference_error: dict
             return True
         limit = 1.0
         for allowance in _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index),
-                                          protocol, exact=exact):
+                                          protocol, exact=exact, perturbed=_baseline_part(perturbed, index)):
             limit = max(limit, allowance.factor * allowance.base["grid"][key]["max_ratio"])
         if part["max_scaled"] / tolerance > limit:
             return True

@@ -514,7 +514,8 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
         ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
         errors = {key: ref[key] for key in ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs",
                                             "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error",
-                                            "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64")
+                                            "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64",
+                                            "perturbed_vs_fp64")
                   if key in ref}
         # Whether a set is valid is the judge's to say (it drew the same inputs and ran the reference): the
         # candidate's process claiming it could not draw them is its own failure (decide_set), never a reason

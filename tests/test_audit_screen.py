@@ -244,8 +244,9 @@ def test_the_allowance_keeps_a_kernel_as_accurate_as_its_baseline_from_the_scree
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), size=st.integers(1, 3 * correctness.SCREEN_SAMPLE),
        off=st.sampled_from([0.0, 1e-6, 1e-3, 1e-1, 10.0]), error=st.sampled_from([1e-4, 1e-3, 5e-3, 1e-2, 1.0]),
-       toward=st.sampled_from([0.0, 0.5, 1.0]), spikes=st.integers(0, 3), tf32=st.booleans())
-def test_the_screen_never_rejects_what_float64_passes(seed, size, off, error, toward, spikes, tf32):
+       toward=st.sampled_from([0.0, 0.5, 1.0]), spikes=st.integers(0, 3), tf32=st.booleans(),
+       moved_off=st.sampled_from([None, 1e-7, 1e-3, 1e-1]))
+def test_the_screen_never_rejects_what_float64_passes(seed, size, off, error, toward, spikes, tf32, moved_off):
     """With the float64 evidence (`screen` of the candidate against float64, the baselines against it): wherever
     `certainly_rejects` says so, `judge_set` rejects on the full summaries with `ExactEvidence`, although it
     passes candidates that only float64 finds right. The reference is `off` float64 by a relative amount, the
@@ -263,10 +264,13 @@ def test_the_screen_never_rejects_what_float64_passes(seed, size, off, error, to
     tf32_error = None if baseline is None else summarize(reference, baseline)
     tf32_exact = None if baseline is None else summarize(truth, baseline)
     reference_error = summarize(truth, reference)
-    exact = ExactEvidence(summarize(truth, candidate), tf32_exact, EXACT_AVAILABLE)
+    # the float64 answer of data one rounding away, `moved_off` from float64 (a badly conditioned task: far)
+    moved = None if moved_off is None else summarize(truth, truth + moved_off * (1 + truth.abs()) * torch.randn(
+        size, generator=generator, dtype=torch.float64))
+    exact = ExactEvidence(summarize(truth, candidate), tf32_exact, EXACT_AVAILABLE, moved)
     for protocol in (*PROTOCOLS, _CUSTOM):
         if certainly_rejects(screen(reference, candidate), tf32_error, protocol, reference_error,
-                             screen(truth, candidate), tf32_exact):
+                             screen(truth, candidate), tf32_exact, moved):
             assert judge_set(summarize(reference, candidate), tf32_error, protocol, reference_error,
                              exact)[0] != "passed", protocol.name
 

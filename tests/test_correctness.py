@@ -328,3 +328,66 @@ def test_stored_evidence_says_which_rule_applies():
     assert ExactEvidence.from_record({"comparison": {}, "reference_vs_fp64": {}}) is None  # made before the change
     record = {"exact_reference": EXACT_AVAILABLE, "candidate_vs_fp64": {"outputs": []}}
     assert ExactEvidence.from_record(record) == ExactEvidence({"outputs": []}, None, EXACT_AVAILABLE)
+
+
+# ---- data one fp32 rounding away: what a kernel that rounds its weights once may cost ------------------------------
+
+class _ExactlyRoundedScaledMatmul(torch.nn.Module):
+    """x @ wᵀ · scale, summed in float64 and rounded once: an fp32 reference as close to float64 as fp32 allows, so
+    no allowance measured on its own error can cover a candidate that rounds anything more."""
+
+    def __init__(self, seed: int, inner: int = 72, outer: int = 512):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter(torch.randn(outer, inner, generator=generator) * 0.1)
+        self.scale = torch.nn.Parameter(torch.rand(outer, generator=generator) + 0.5)
+
+    def forward(self, x):
+        return (x.double() @ self.weight.double().t() * self.scale.double()).to(x.dtype)
+
+
+def _wide_range_fold(seed: int, low_precision: bool = False):
+    """The scale folded into the weight (a BatchNorm folded into a convolution), which rounds every weight once,
+    on inputs of the wide-range set (half ×1e5, half ×1e-5): outputs that cancel among terms of 1e4 carry that
+    rounding at 1e4 · 2⁻²⁴ absolute, several times the element limit there."""
+    from kbverify.child.evaluate import _fp64_truth
+
+    model = _ExactlyRoundedScaledMatmul(seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    x = torch.rand(1024, 72, generator=generator) * torch.where(torch.rand(1024, 72, generator=generator) < 0.5,
+                                                                 1e5, 1e-5)
+    with torch.no_grad():
+        reference = model(x)
+        folded = (model.weight * model.scale[:, None]).double()
+        if low_precision:
+            candidate = (x.bfloat16().double() @ folded.bfloat16().double().t()).float()
+        else:
+            candidate = (x.double() @ folded.t()).float()
+    truth, _ = _fp64_truth(model, [x], 0)
+    moved, _ = _fp64_truth(model, [x], 0, nudge_seed=seed)
+    with_moved = ExactEvidence(summarize(truth, candidate), None, EXACT_AVAILABLE, summarize(truth, moved))
+    return summarize(reference, candidate), summarize(truth, reference), with_moved
+
+
+def test_a_fold_that_rounds_the_weights_fails_without_the_moved_answer():
+    """Not vacuous: on this draw the honest fold is over every allowance measured on the reference alone."""
+    comparison, reference_error, with_moved = _wide_range_fold(1)
+    without = ExactEvidence(with_moved.candidate, None, EXACT_AVAILABLE)
+    assert judge_set(comparison, None, VERIFIED, reference_error, without)[0] == "incorrect"
+    assert judge_set(comparison, None, VERIFIED, reference_error, with_moved)[0] == "passed"
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_fold_that_rounds_the_weights_once_passes_and_bf16_does_not(seed):
+    comparison, reference_error, exact = _wide_range_fold(seed)
+    outcome, detail, _ = judge_set(comparison, None, VERIFIED, reference_error, exact)
+    assert outcome == "passed", detail
+    comparison, reference_error, exact = _wide_range_fold(seed, low_precision=True)
+    assert judge_set(comparison, None, VERIFIED, reference_error, exact)[0] == "incorrect"
+
+
+def test_the_moved_answer_is_read_from_stored_evidence():
+    record = {"exact_reference": EXACT_AVAILABLE, "candidate_vs_fp64": {"outputs": []},
+              "perturbed_vs_fp64": {"outputs": [_part(2.0, 1e-7)]}}
+    assert ExactEvidence.from_record(record).perturbed == {"outputs": [_part(2.0, 1e-7)]}

@@ -544,6 +544,9 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
             entry["comparison"] = summarize(reference, candidate)
             if truth is not None:
                 entry["candidate_vs_fp64"] = summarize(truth, candidate)
+                moved, _ = _fp64_truth(model, pristine, call_seed, nudge_seed=input_set["seed"])
+                if moved is not None:
+                    entry["perturbed_vs_fp64"] = summarize(truth, moved)
     except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
         entry["candidate_output_error"] = short_error(error)
     return entry
@@ -570,10 +573,18 @@ def _generator_states(device) -> list:
 FP64_INPUT_BYTES_LIMIT = 2 << 30
 
 
-def _fp64_truth(model, inputs: list, call_seed: int) -> tuple[list | None, str]:
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def _fp64_truth(model, inputs: list, call_seed: int, nudge_seed: int | None = None) -> tuple[list | None, str]:
     """The reference model run in float64 on the same inputs: the exact answer the verified rule is stated on,
     and against which the fp32 reference's own error is measured (an honest fp32 kernel that sums in another order
-    differs from the reference by about that much). (None, why) where there is no such run."""
+    differs from the reference by about that much). (None, why) where there is no such run.
+
+    `nudge_seed`: the exact answer of the data one fp32 rounding away instead. Every floating input, parameter and
+    buffer is multiplied by 1 ± 2⁻²⁴ (signs drawn from the seed): how far that moves the answer is what an honest
+    kernel that rounds the data once (folds a BatchNorm into a weight, pre-scales an input) may cost on outputs
+    that cancel among large terms."""
     import copy
 
     size = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
@@ -584,8 +595,24 @@ def _fp64_truth(model, inputs: list, call_seed: int) -> tuple[list | None, str]:
         wide = copy.deepcopy(model).double()
         wide_inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                        for x in clone_inputs(inputs)]
+        if nudge_seed is not None:
+            _nudge(wide, wide_inputs, nudge_seed)
         truth = flatten_outputs(_call(wide, wide_inputs, call_seed))
         del wide
     except BaseException as error:  # noqa: BLE001 - some models have no float64 path; the record says so
         return None, "the float64 run raised: " + short_error(error, 300)
     return truth, ""
+
+
+def _nudge(model, inputs: list, seed: int) -> None:
+    """Multiply every floating tensor of a float64 model and its inputs by 1 ± the fp32 unit roundoff, in place."""
+    generators: dict = {}  # one per device: any signs serve, and drawing them where the tensor is costs no copy
+    tensors = [t for t in (*model.parameters(), *model.buffers(), *inputs)
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    with torch.no_grad():
+        for tensor in tensors:
+            if tensor.device not in generators:
+                generators[tensor.device] = torch.Generator(device=tensor.device).manual_seed(seed)
+            signs = torch.randint(0, 2, tensor.shape, generator=generators[tensor.device], dtype=torch.float64,
+                                  device=tensor.device)
+            tensor.mul_(signs.mul_(2 * FP32_UNIT_ROUNDOFF).add_(1 - FP32_UNIT_ROUNDOFF))
