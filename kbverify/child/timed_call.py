@@ -117,8 +117,7 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
     skips the stream order and starts on another stream at once reads the previous call's values (aliased
     inputs, subclasses and strided slices are the exceptions: they go to the call as drawn).
 
-    The `host` kind has no hold: an untimed call on the previous inputs warms the host and the device as a caller
-    calling back to back would, the copies and the flush are waited for, then the events time the call from an
+    The `host` kind has no hold: the copies and the flush are waited for, then the events time the call from an
     idle device, launches and waits inside it included (nvbench's sync mode): what a waiting caller sees.
 
     Between the inputs' existence and the start event the harness does nothing a submission could hook: the
@@ -137,8 +136,6 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
     gc.disable()
     try:
         mark = side.spent("idle", mark)
-        if kind == "host" and device.type == "cuda":
-            mark = _warm_call(side, device, mark)
         seed, staged = draw()
         host_started = mark = side.spent("draw", mark)
         if held is not None:
@@ -166,24 +163,6 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
     # the flattened outputs, a plain list, from here on: iterating the returned object again would run the
     # submission's code again, outside the timed region
     return max(elapsed, EVENT_FLOOR_MS), seed, inputs, list(flat), early
-
-
-def _warm_call(side, device, mark: int) -> int:
-    """An untimed call just before a host-kind one, on the previous call's inputs (the ones it has already seen:
-    nothing of the next draw exists yet). A caller that waits on each call calls back to back, as KernelBench
-    times; after the harness's work between calls the host and the device start the timed call cold instead. On
-    the H200, 1 ms of idle host before each call added 0.065-0.073 ms to a 0.12-0.15 ms call of either side, and a
-    forward with a device-wide synchronise read 0.152 ms where back to back it takes 0.072 ms."""
-    previous = side.previous_inputs
-    if previous is None:
-        return mark
-    try:
-        with torch.set_grad_enabled(side.grad):
-            side.model(*previous)
-        torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - untimed: the timed call that follows is the one whose failure counts
-        pass
-    return side.spent("warm_call", mark)
 
 
 def _on_the_device(side, inputs, device, projector, held, mark: int, host_started: int):
