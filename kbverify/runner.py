@@ -23,7 +23,7 @@ from kbverify import gpu_processes, stats, timing_control, toolchain
 from kbverify.channel import handover_strays, marker_names
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
-from kbverify.inputs import InputSet, new_run_secret, plan_input_sets
+from kbverify.inputs import InputSet, derive_seed, new_run_secret, plan_input_sets
 from kbverify.protocols import Protocol
 from kbverify.records import BuildRecord, SetResult, Verdict
 from kbverify.sandbox import ChildOutcome, ChildSpec, run_child, run_children
@@ -438,7 +438,8 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
                                  reference_tf32=protocol.reference_tf32,
                                  reference_cudnn_tf32=protocol.reference_cudnn_tf32,
                                  baseline_tf32=protocol.rule == "verified",
-                                 fp64_reference=protocol.rule == "verified")
+                                 fp64_reference=protocol.rule == "verified",
+                                 nudge_seeds={s["set_id"]: derive_seed(secret, "nudge", s["set_id"]) for s in sets})
         # Side by side: the candidate hands over one output at a time and the judge takes it (evaluate.py).
         candidate, judge = _run_pair(context, ("candidate", _payload(context, **flags)), ("judge", judge_payload),
                                      outdir, markers)
@@ -515,7 +516,7 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
         errors = {key: ref[key] for key in ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs",
                                             "ref_outputs", "ref_dtypes", "invalid_reason", "candidate_output_error",
                                             "exact_reference", "candidate_vs_fp64", "baseline_vs_fp64",
-                                            "perturbed_vs_fp64")
+                                            "moved_vs_fp64")
                   if key in ref}
         # Whether a set is valid is the judge's to say (it drew the same inputs and ran the reference): the
         # candidate's process claiming it could not draw them is its own failure (decide_set), never a reason

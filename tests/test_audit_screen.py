@@ -20,7 +20,8 @@ from kbverify import correctness
 from kbverify.child import audit_worker
 from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
                             judged_protocols)
-from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
+from kbverify.correctness import (EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, moved_spread, screen,
+                                  summarize, summarize_within_moved)
 from kbverify.protocols import KBV, ORIGINAL, VERIFIED
 from kbverify.tasks import load_task
 
@@ -265,8 +266,8 @@ def test_the_screen_never_rejects_what_float64_passes(seed, size, off, error, to
     tf32_exact = None if baseline is None else summarize(truth, baseline)
     reference_error = summarize(truth, reference)
     # the float64 answer of data one rounding away, `moved_off` from float64 (a badly conditioned task: far)
-    moved = None if moved_off is None else summarize(truth, truth + moved_off * (1 + truth.abs()) * torch.randn(
-        size, generator=generator, dtype=torch.float64))
+    moved = None if moved_off is None else summarize_within_moved(truth, candidate, [moved_spread(
+        truth, truth + moved_off * (1 + truth.abs()) * torch.randn(size, generator=generator, dtype=torch.float64))])
     exact = ExactEvidence(summarize(truth, candidate), tf32_exact, EXACT_AVAILABLE, moved)
     for protocol in (*PROTOCOLS, _CUSTOM):
         if certainly_rejects(screen(reference, candidate), tf32_error, protocol, reference_error,
