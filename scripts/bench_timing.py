@@ -189,7 +189,7 @@ def kernelbench_aa(task: Task, args) -> list[dict]:
     from kbverify.tasks import execute_task
 
     device = torch.device(args.device)
-    torch.cuda.set_device(device)
+    torch.cuda.set_device(device.index or 0)  # "cuda" names no index: the current device
     set_tf32(matmul=False, cudnn=True)  # PyTorch's defaults, as KernelBench's baselines were timed
     results = []
     for repeat in range(args.repeats):
