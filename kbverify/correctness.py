@@ -204,59 +204,6 @@ def _unravel(index: int, shape: list[int]) -> list[int]:
     return list(reversed(coords))
 
 
-# ---- the exact answer's own move under one fp32 rounding of the data ---------------------------------------------
-
-MOVED_FACTOR = 8.0
-# Measured on the CPU (a BatchNorm folded into a convolution, wide-range and shifted sets, six secrets): an honest
-# fold's elements over the plain limit were at most 1.92 times the widest of two or three moves (93 times a
-# single one: one random move can leave an element almost still by chance).
-
-
-def moved_spread(truth, moved):
-    """Per element, |moved − truth| / (1 + |truth|) in float64: the scale the element-wise limits use."""
-    import torch
-
-    t = truth.detach().reshape(-1).to(torch.float64)
-    return (moved.detach().reshape(-1).to(device=t.device, dtype=torch.float64) - t).abs() / (1.0 + t.abs())
-
-
-def summarize_within_moved(truth, candidate, spreads: list, factor: float = MOVED_FACTOR) -> dict:
-    """The candidate against float64, each element's limit at every tolerance of the grid raised to `factor` times
-    its own spread (`moved_spread`, the widest over the moves) where that is larger. Per output: the worst ratio,
-    the count over, and the widest limit (what bounds the audit screen)."""
-    refs, cands = flatten_outputs(truth), flatten_outputs(candidate)
-    if len(refs) != len(cands) or len(refs) != len(spreads):
-        return {"structure_mismatch": f"{len(refs)} float64 outputs, {len(cands)} candidate outputs"}
-    return {"outputs": [_within_moved(r, c, spread, factor) for r, c, spread in zip(refs, cands, spreads)],
-            "factor": factor}
-
-
-def _within_moved(ref, cand, spread, factor: float) -> dict:
-    import torch
-
-    if not isinstance(cand, torch.Tensor) or cand.shape != ref.shape or spread.numel() != ref.numel():
-        return {"error": "the candidate's output does not match the float64 one"}
-    t = ref.detach().reshape(-1).to(torch.float64)
-    c = cand.detach().reshape(-1).to(device=t.device, dtype=torch.float64)
-    grid = {repr(tol): {"max_ratio": 0.0, "over": 0, "allowance_max_ratio": 1.0} for tol in TOLERANCE_GRID}
-    for start in range(0, t.numel(), CHUNK_ELEMENTS):
-        r_chunk, c_chunk = t[start:start + CHUNK_ELEMENTS], c[start:start + CHUNK_ELEMENTS]
-        widened = spread[start:start + CHUNK_ELEMENTS].to(t.device) * factor
-        if not (bool(torch.isfinite(r_chunk).all()) and bool(torch.isfinite(c_chunk).all())
-                and bool(torch.isfinite(widened).all())):
-            return {"error": "a value is not finite"}
-        scaled = (c_chunk - r_chunk).abs() / (1.0 + r_chunk.abs())
-        for tol in TOLERANCE_GRID:
-            entry = grid[repr(tol)]
-            limit = widened.clamp(min=tol)
-            ratio = scaled / limit
-            entry["max_ratio"] = max(entry["max_ratio"], float(ratio.max()) if ratio.numel() else 0.0)
-            entry["over"] += int(torch.count_nonzero(ratio > 1.0))
-            entry["allowance_max_ratio"] = max(entry["allowance_max_ratio"],
-                                               float(limit.max()) / tol if limit.numel() else 1.0)
-    return {"numel": t.numel(), "factor": factor, "grid": grid}
-
-
 # ---- a screen before the full comparison (the audit's null kernels) --------------------------------------------
 
 SCREEN_SAMPLE = 1 << 16  # elements per output tensor the screen measures: every step-th one, as the quantile sample

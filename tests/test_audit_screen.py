@@ -20,8 +20,8 @@ from kbverify import correctness
 from kbverify.child import audit_worker
 from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
                             judged_protocols)
-from kbverify.correctness import (EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, moved_spread, screen,
-                                  summarize, summarize_within_moved)
+from kbverify.child.exact import moved_spread, summarize_within_moved
+from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
 from kbverify.protocols import KBV, ORIGINAL, VERIFIED
 from kbverify.tasks import load_task
 

@@ -351,8 +351,7 @@ def _wide_range_fold(seed: int, low_precision: bool = False, spend: float = 0.0)
     on inputs of the wide-range set (half ×1e5, half ×1e-5): outputs that cancel among terms of 1e4 carry that
     rounding at 1e4 · 2⁻²⁴ absolute, several times the element limit there. `spend`: also push that share of the
     outputs 3% off, the tail an allowance granted to a share of elements would let through."""
-    from kbverify.child.evaluate import _fp64_truth, _moved_spreads
-    from kbverify.correctness import summarize_within_moved
+    from kbverify.child.exact import fp64_truth, moved_spreads, summarize_within_moved
 
     model = _ExactlyRoundedScaledMatmul(seed)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -368,8 +367,8 @@ def _wide_range_fold(seed: int, low_precision: bool = False, spend: float = 0.0)
         if spend:
             chosen = torch.rand(candidate.shape, generator=generator) < spend
             candidate = torch.where(chosen, candidate * 1.03, candidate)
-    truth, _ = _fp64_truth(model, [x], 0)
-    spreads = _moved_spreads(model, [x], 0, truth, seed)
+    truth, _ = fp64_truth(model, [x], 0)
+    spreads = moved_spreads(model, [x], 0, truth, seed)
     with_moved = ExactEvidence(summarize(truth, candidate), None, EXACT_AVAILABLE,
                                summarize_within_moved(truth, candidate, spreads))
     return summarize(reference, candidate), summarize(truth, reference), with_moved

@@ -14,7 +14,9 @@ import torch
 
 from kbverify.child import guards
 from kbverify.channel import CANDIDATE_ENDED, JUDGE_ENDED, handover_stem  # the parent writes the markers
-from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, moved_spread, summarize, summarize_within_moved
+from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
+from kbverify.child.exact import (checked_call as _call, fp64_truth, moved_spreads, over_plain_limits,
+                                  summarize_within_moved)
 from kbverify.child.construct import WeightsRefused, construct_candidate, load_weights, names_of
 from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_inputs
 from kbverify.child.handover_files import (HANDOVER_TENSOR_BYTES, handover_limit, read_regular as _read_regular,
@@ -111,20 +113,6 @@ def build_reference(namespace: dict, weight_seed: int, weights: str, device, tra
 def set_inputs(namespace: dict, input_set: dict, device) -> list:
     drawn = draw_inputs(namespace, input_set["seed"], device)
     return apply_distribution(drawn, input_set["distribution"], input_set["seed"])
-
-
-def _call(model, inputs, call_seed: int):
-    """One forward. The collector is off during it, as in every timed call (kbverify.child.timing): nothing a forward can
-    look at (the collector's state among it) tells a checked call from a timed one."""
-    set_seed(call_seed)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.no_grad():
-            return model(*inputs)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 # ---- candidate ---------------------------------------------------------------------------------------------
@@ -522,7 +510,7 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
     if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
            for t in reference):
         return {"valid": False, "invalid_reason": "reference output is not finite"}
-    truth, why_not = (_fp64_truth(model, pristine, call_seed) if want_fp64
+    truth, why_not = (fp64_truth(model, pristine, call_seed) if want_fp64
                       else (None, "the protocol asks for no float64 run"))
     if want_fp64:
         entry["reference_vs_fp64"] = summarize(truth, reference) if truth is not None else {"error": why_not}
@@ -548,38 +536,13 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
             entry["comparison"] = summarize(reference, candidate)
             if truth is not None:
                 entry["candidate_vs_fp64"] = summarize(truth, candidate)
-                if nudge_seed is not None and _over_plain_limits(entry["candidate_vs_fp64"]):
-                    spreads = _moved_spreads(model, pristine, call_seed, truth, nudge_seed)
+                if nudge_seed is not None and over_plain_limits(entry["candidate_vs_fp64"]):
+                    spreads = moved_spreads(model, pristine, call_seed, truth, nudge_seed)
                     if spreads is not None:
                         entry["moved_vs_fp64"] = summarize_within_moved(truth, candidate, spreads)
     except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
         entry["candidate_output_error"] = short_error(error)
     return entry
-
-
-MOVES = 3  # the widest of three: an honest fold needed 1.9× it at most; 93× a single move (correctness.MOVED_FACTOR)
-
-
-def _over_plain_limits(against: dict) -> bool:
-    """Whether the candidate has an element past the plain limits of the strictest tolerances a protocol uses
-    (1e-4 and up): only then can the moved answer change its verdict, and only then is it worth three float64
-    runs."""
-    return any("grid" in part and part["grid"][repr(1e-4)]["max_ratio"] > 1.0 for part in against.get("outputs", []))
-
-
-def _moved_spreads(model, inputs: list, call_seed: int, truth: list, nudge_seed: int) -> list | None:
-    """Per output, element by element, the widest `correctness.moved_spread` over MOVES float64 runs of the data
-    one fp32 rounding away; None where a run fails or its outputs do not match the exact answer's."""
-    widest = None
-    for move in range(MOVES):
-        moved, _ = _fp64_truth(model, inputs, call_seed, nudge_seed=derive_seed(str(nudge_seed), "move", move))
-        if moved is None or len(moved) != len(truth) or any(
-                not isinstance(m, torch.Tensor) or m.shape != t.shape for m, t in zip(moved, truth)):
-            return None
-        spread = [moved_spread(t, m) for t, m in zip(truth, moved)]
-        widest = spread if widest is None else [torch.maximum(a, b) for a, b in zip(widest, spread)]
-        del moved
-    return widest
 
 
 def _reference_call(model, inputs, call_seed: int, device) -> tuple[list, bool]:
@@ -598,51 +561,3 @@ def _generator_states(device) -> list:
     if device.type == "cuda":
         states.append(torch.cuda.get_rng_state(device))
     return states
-
-
-FP64_INPUT_BYTES_LIMIT = 2 << 30
-
-
-FP32_UNIT_ROUNDOFF = 2.0 ** -24
-
-
-def _fp64_truth(model, inputs: list, call_seed: int, nudge_seed: int | None = None) -> tuple[list | None, str]:
-    """The reference model run in float64 on the same inputs: the exact answer the verified rule is stated on,
-    and against which the fp32 reference's own error is measured (an honest fp32 kernel that sums in another order
-    differs from the reference by about that much). (None, why) where there is no such run.
-
-    `nudge_seed`: the exact answer of the data one fp32 rounding away instead. Every floating input, parameter and
-    buffer is multiplied by 1 ± 2⁻²⁴ (signs drawn from the seed): how far that moves the answer is what an honest
-    kernel that rounds the data once (folds a BatchNorm into a weight, pre-scales an input) may cost on outputs
-    that cancel among large terms."""
-    import copy
-
-    size = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
-    if size > FP64_INPUT_BYTES_LIMIT:
-        return None, f"inputs of {size / 2**30:.1f} GiB, above the float64 run's limit of " \
-                     f"{FP64_INPUT_BYTES_LIMIT / 2**30:.0f} GiB"
-    try:
-        wide = copy.deepcopy(model).double()
-        wide_inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                       for x in clone_inputs(inputs)]
-        if nudge_seed is not None:
-            _nudge(wide, wide_inputs, nudge_seed)
-        truth = flatten_outputs(_call(wide, wide_inputs, call_seed))
-        del wide
-    except BaseException as error:  # noqa: BLE001 - some models have no float64 path; the record says so
-        return None, "the float64 run raised: " + short_error(error, 300)
-    return truth, ""
-
-
-def _nudge(model, inputs: list, seed: int) -> None:
-    """Multiply every floating tensor of a float64 model and its inputs by 1 ± the fp32 unit roundoff, in place."""
-    generators: dict = {}  # one per device: any signs serve, and drawing them where the tensor is costs no copy
-    tensors = [t for t in (*model.parameters(), *model.buffers(), *inputs)
-               if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    with torch.no_grad():
-        for tensor in tensors:
-            if tensor.device not in generators:
-                generators[tensor.device] = torch.Generator(device=tensor.device).manual_seed(seed)
-            signs = torch.randint(0, 2, tensor.shape, generator=generators[tensor.device], dtype=torch.float64,
-                                  device=tensor.device)
-            tensor.mul_(signs.mul_(2 * FP32_UNIT_ROUNDOFF).add_(1 - FP32_UNIT_ROUNDOFF))

@@ -16,7 +16,7 @@ from kbverify.child.evaluate import build_reference, shape_namespaces
 from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
 from kbverify.child.timing import _Projector, _reference_signature
 from kbverify.child.worker import announce, device_from, set_seed, task_from
-from kbverify.child.evaluate import FP64_INPUT_BYTES_LIMIT
+from kbverify.child.exact import FP64_INPUT_BYTES_LIMIT
 from kbverify.correctness import ROUNDING_ALLOWANCE, flatten_outputs
 from kbverify.inputs import clone_inputs, derive_seed, timed_inputs
 
