@@ -25,7 +25,7 @@ P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
 
 def tables_by_protocol(verdicts: list[Verdict], ps, samples: str | None, exclude: set[str] | None = None) -> dict:
     """One score table per protocol; `samples` None takes each protocol's own rule, as the reports do."""
-    from kbverify.report import samples_rule, score_rows_from_verdicts
+    from kbverify.counting import samples_rule, score_rows_from_verdicts
     from kbverify.score import score_rows, table_to_dict
 
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
@@ -38,7 +38,7 @@ def tables_counting_as_failed(verdicts: list[Verdict], missing: list[dict], ps, 
                               exclude: set[str] | None = None) -> dict:
     """The score tables with each planned unit that has no verdict (`kbverify.rescore.planned_unit`) scored as a
     failure of its task: what the run would show at worst, beside the tables of the units evaluated."""
-    from kbverify.report import samples_rule, score_rows_from_verdicts
+    from kbverify.counting import samples_rule, score_rows_from_verdicts
     from kbverify.score import ScoreRow, score_rows, table_to_dict
 
     protocols = list(dict.fromkeys([v.protocol for v in verdicts] + [unit["protocol"] for unit in missing]))
@@ -307,7 +307,7 @@ def run_score(source: Path, *, baseline: Path | None, level: int | None, ps, exc
     from kbverify import leaderboard
 
     from kbverify import clocks, present, score
-    from kbverify.report import foreign_gpu_line, timed_beside_foreign
+    from kbverify.counting import foreign_gpu_line, timed_beside_foreign
     from kbverify.store import Store
 
     if not source.exists():

@@ -13,6 +13,7 @@ import html
 from collections import Counter
 from typing import Sequence
 
+from kbverify.counting import samples_rule, score_rows_from_verdicts, status_changes
 from kbverify.labels import require_field
 from kbverify.records import Verdict
 
@@ -22,8 +23,6 @@ NO_VALUE = "(none)"
 def board_from_verdicts(verdicts: Sequence[Verdict], field: str, ps, *, samples: str | None = None,
                         exclude: set[str] | None = None, what: str = "the store") -> dict:
     """`samples` None takes each protocol's own rule, as the reports do. InputError when no verdict has `field`."""
-    from kbverify.report import samples_rule, score_rows_from_verdicts, status_changes
-
     require_field(field, [v.labels for v in verdicts], what)
     protocols = list(dict.fromkeys(v.protocol for v in verdicts))
     groups = []

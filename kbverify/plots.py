@@ -1,7 +1,7 @@
 """SVG plots for the HTML report: fast_p curves over p, and claimed against measured speedup.
 
 Plain SVG strings with no script, no font and no external reference, so the page that holds them stays
-self-contained. Each function reads the report summary (`kbverify.report.summarize`) and nothing else.
+self-contained. Each function reads the report summary (`kbverify.summary.summarize`) and nothing else.
 """
 
 from __future__ import annotations
@@ -123,23 +123,8 @@ def _step_points(speedups: list[float], n: int, p_max: float) -> list[tuple[floa
 
 def svg_claimed_vs_measured(summary: dict, colours: dict[str, str]) -> str:
     """Claimed against measured speedup, log–log, one point per verdict that has a claim."""
-    points = []  # (claimed, measured | None, passed, protocol, label)
-    for record in summary["verdicts"]:
-        claimed = record.get("claimed_speedup")
-        if not _positive(claimed):
-            continue
-        measured = record.get("speedup") if _positive(record.get("speedup")) else None
-        label = (f"{record['task_name']} · {record['protocol']}: claimed {_times(claimed)}, "
-                 f"measured {_times(measured)}, {record['status']}")
-        points.append((claimed, measured, record["status"] == PASSED, record["protocol"], label))
-    values = [c for c, *_ in points] + [m for _, m, *_ in points if m is not None] or [0.5, 2.0]
-    lo = 10 ** math.floor(math.log10(min(min(values), 1.0) * 0.999))
-    hi = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.001))
-    while hi / lo < 100:  # at least two decades, or the grid is a single square
-        if lo > 0.01:
-            lo /= 10
-        else:
-            hi *= 10
+    points = _claim_points(summary)
+    lo, hi = _log_range([c for c, *_ in points] + [m for _, m, *_ in points if m is not None] or [0.5, 2.0])
     plot_w, plot_h = _W - _M["left"] - _M["right"], _H - _M["top"] - _M["bottom"] - 18
     span = math.log10(hi) - math.log10(lo)
 
@@ -150,23 +135,7 @@ def svg_claimed_vs_measured(summary: dict, colours: dict[str, str]) -> str:
         return _M["top"] + plot_h * (1 - (math.log10(v) - math.log10(lo)) / span)
 
     strip_y = _M["top"] + plot_h + 12
-    out = _svg_open("claimed against measured speedup")
-    decade = lo
-    while decade <= hi * 1.0001:
-        for minor in range(2, 10):
-            v = decade * minor
-            if v < hi:
-                out.append(f'<line x1="{sx(v):.1f}" y1="{sy(lo):.1f}" x2="{sx(v):.1f}" y2="{sy(hi):.1f}" '
-                           f'stroke="#f3f5f7"/>')
-                out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(v):.1f}" x2="{sx(hi):.1f}" y2="{sy(v):.1f}" '
-                           f'stroke="#f3f5f7"/>')
-        out.append(f'<line x1="{sx(decade):.1f}" y1="{sy(lo):.1f}" x2="{sx(decade):.1f}" y2="{sy(hi):.1f}" '
-                   f'stroke="#e1e6eb"/>')
-        out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(decade):.1f}" x2="{sx(hi):.1f}" y2="{sy(decade):.1f}" '
-                   f'stroke="#e1e6eb"/>')
-        out.append(f'<text x="{sx(decade):.1f}" y="{strip_y + 20:.1f}" text-anchor="middle">{decade:g}×</text>')
-        out.append(f'<text x="{sx(lo) - 6:.1f}" y="{sy(decade) + 4:.1f}" text-anchor="end">{decade:g}×</text>')
-        decade *= 10
+    out = _svg_open("claimed against measured speedup") + _log_grid(sx, sy, lo, hi, strip_y)
     out.append(f'<rect x="{sx(lo):.1f}" y="{sy(hi):.1f}" width="{plot_w}" height="{plot_h}" fill="none" '
                f'stroke="#9aa5b1"/>')
     out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(lo):.1f}" x2="{sx(hi):.1f}" y2="{sy(hi):.1f}" stroke="#9aa5b1" '
@@ -191,3 +160,51 @@ def svg_claimed_vs_measured(summary: dict, colours: dict[str, str]) -> str:
     out += _legend([(name, colours[name], False) for name in summary["protocols"]], _H - 6)
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _claim_points(summary: dict) -> list[tuple]:
+    """(claimed, measured | None, passed, protocol, label) for every verdict with a claim."""
+    points = []
+    for record in summary["verdicts"]:
+        claimed = record.get("claimed_speedup")
+        if not _positive(claimed):
+            continue
+        measured = record.get("speedup") if _positive(record.get("speedup")) else None
+        label = (f"{record['task_name']} · {record['protocol']}: claimed {_times(claimed)}, "
+                 f"measured {_times(measured)}, {record['status']}")
+        points.append((claimed, measured, record["status"] == PASSED, record["protocol"], label))
+    return points
+
+
+def _log_range(values: list[float]) -> tuple[float, float]:
+    """Whole decades around every value and 1×."""
+    lo = 10 ** math.floor(math.log10(min(min(values), 1.0) * 0.999))
+    hi = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.001))
+    while hi / lo < 100:  # at least two decades, or the grid is a single square
+        if lo > 0.01:
+            lo /= 10
+        else:
+            hi *= 10
+    return lo, hi
+
+
+def _log_grid(sx, sy, lo: float, hi: float, strip_y: float) -> list[str]:
+    """Minor and decade lines both ways, decades labelled (the x labels below the failed strip)."""
+    out = []
+    decade = lo
+    while decade <= hi * 1.0001:
+        for minor in range(2, 10):
+            v = decade * minor
+            if v < hi:
+                out.append(f'<line x1="{sx(v):.1f}" y1="{sy(lo):.1f}" x2="{sx(v):.1f}" y2="{sy(hi):.1f}" '
+                           f'stroke="#f3f5f7"/>')
+                out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(v):.1f}" x2="{sx(hi):.1f}" y2="{sy(v):.1f}" '
+                           f'stroke="#f3f5f7"/>')
+        out.append(f'<line x1="{sx(decade):.1f}" y1="{sy(lo):.1f}" x2="{sx(decade):.1f}" y2="{sy(hi):.1f}" '
+                   f'stroke="#e1e6eb"/>')
+        out.append(f'<line x1="{sx(lo):.1f}" y1="{sy(decade):.1f}" x2="{sx(hi):.1f}" y2="{sy(decade):.1f}" '
+                   f'stroke="#e1e6eb"/>')
+        out.append(f'<text x="{sx(decade):.1f}" y="{strip_y + 20:.1f}" text-anchor="middle">{decade:g}×</text>')
+        out.append(f'<text x="{sx(lo) - 6:.1f}" y="{sy(decade) + 4:.1f}" text-anchor="end">{decade:g}×</text>')
+        decade *= 10
+    return out

@@ -124,7 +124,7 @@ def _look_at_gpu(context: _Context, when: str) -> None:
 
 def _with_gpu_checks(context: _Context, verdict: Verdict) -> Verdict:
     """A timed verdict carries what the looks at its device found, and is flagged where a foreign process held it
-    (its speedup then does not count in fast_p: kbverify.report.score_rows_from_verdicts) or where a GPU went
+    (its speedup then does not count in fast_p: kbverify.counting.score_rows_from_verdicts) or where a GPU went
     unchecked."""
     if not verdict.timing or not context.gpu_checks:
         return verdict

@@ -91,7 +91,7 @@ class Warn(str, enum.Enum):
     # speedup is the parent's own (host-inclusive) measure instead
     DEVICE_TIME_UNCONFIRMED = "device_time_unconfirmed"
     # another process held the timing GPU before or after the timing: the speedup is kept in the record and
-    # not counted in fast_p (kbverify.report.score_rows_from_verdicts)
+    # not counted in fast_p (kbverify.counting.score_rows_from_verdicts)
     FOREIGN_GPU_PROCESS = "foreign_gpu_process"
     GPU_PROCESSES_UNCHECKED = "gpu_processes_unchecked"  # no reading of which processes held the GPU (no nvidia-smi)
     HOST_TIME_TIMED = "host_time_timed"  # host work outlasted the device-side hold on many calls: launches were timed

@@ -14,7 +14,8 @@ PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "
                "kbverify.supervisor", "kbverify.confine", "kbverify.channel", "kbverify.timing_control",
                "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
                "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats",
-               "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor"]
+               "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor", "kbverify.counting",
+               "kbverify.summary", "kbverify.report_tables", "kbverify.report_html"]
 CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
               "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
 

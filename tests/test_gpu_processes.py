@@ -150,8 +150,10 @@ def _verdict(**fields) -> Verdict:
 
 def test_a_timing_beside_a_foreign_process_does_not_count_in_fast_p(tmp_path):
     from kbverify import jobs
-    from kbverify.report import render_markdown, score_rows_from_verdicts, summarize
+    from kbverify.counting import score_rows_from_verdicts
+    from kbverify.report import render_markdown
     from kbverify.store import Store
+    from kbverify.summary import summarize
 
     clean = _verdict()
     flagged = _verdict(warnings=(Warn.FOREIGN_GPU_PROCESS.value,), submission="f", task="u", task_name="2_Other",

@@ -15,9 +15,9 @@ from kbverify import jobs
 from kbverify.errors import InputError
 from kbverify.importers import load_entries
 from kbverify.leaderboard import NO_VALUE, board_from_verdicts, render_html, render_markdown, render_text
-from kbverify.report import P_VALUES
 from kbverify.status import Status
 from kbverify.store import Store, StoreConflict
+from kbverify.summary import P_VALUES
 from tests.test_report import verdict
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,12 +12,14 @@ from html.parser import HTMLParser
 
 import pytest
 
+from kbverify.counting import status_changes
 from kbverify.jobs import tables_by_protocol
 from kbverify.plots import _step_points
 from kbverify.present import shorten
 from kbverify.records import BuildRecord, SetResult, Verdict
-from kbverify.report import P_VALUES, fast_p_table, render_markdown_summary, status_changes, summarize, write_reports
+from kbverify.report import render_markdown_summary, write_reports
 from kbverify.status import Status
+from kbverify.summary import P_VALUES, fast_p_table, summarize
 
 
 def verdict(task: str, protocol: str, status: Status, *, speedup=None, ci=None, claimed=None, level=1,
