@@ -367,8 +367,9 @@ ROUNDING_ALLOWANCE = 16.0
 # allowance covers a tail only: the candidate's 99.9th percentile and its share of elements over the plain limit
 # may exceed the reference's by the same factor, and the share by this floor at most (honest im2col on the
 # wide-range sets: 0 to 1e-5 of its elements over; the reference: 0 to 1.7e-5). A review showed why: granted to
-# every element, the worst element's allowance let a kernel push 8% of its outputs off by a median 1.3%. One element
-# is always allowed: on an output under 10,000 elements a single honest element over was a share above the floor.
+# every element, the worst element's allowance let a kernel push 8% of its outputs off by a median 1.3%. Not even one
+# element is allowed beyond the floor: on an output under 10,000 elements that one element was the kernel's to
+# choose (a red team put 0.75% on the largest output of an attention); the moved answer covers honest ones there.
 ROUNDING_TAIL_FLOOR = 1e-4
 
 
@@ -409,8 +410,7 @@ def _within_allowance(part: dict, allowance: _Allowance, key: str, protocol) -> 
         return False
     return not allowance.tail_only or (
         grid.get("q999_ratio", 0.0) <= max(1.0, factor * base_grid.get("q999_ratio", 0.0))
-        and grid.get("frac_over", 0.0) <= max(ROUNDING_TAIL_FLOOR, 1.0 / part["numel"] if part.get("numel") else 0.0,
-                                              factor * base_grid.get("frac_over", 0.0)))
+        and grid.get("frac_over", 0.0) <= max(ROUNDING_TAIL_FLOOR, factor * base_grid.get("frac_over", 0.0)))
 
 
 def _moved_part(moved: dict | None, index: int) -> dict | None:

@@ -408,10 +408,11 @@ def test_the_moved_answer_is_read_from_stored_evidence():
     assert ExactEvidence.from_record(record).moved == moved
 
 
-def test_one_element_over_is_a_tail_on_a_small_output_too():
-    """An honest kernel summing in another order on a 4096-element output: one element over the plain limit is a
-    share of 2.4e-4, above the tail's floor; it is still within the reference's own error ×16 and passes, two
-    elements do not."""
+def test_one_element_over_on_a_small_output_is_no_tail():
+    """A 4096-element output with one element over the plain limit: a share of 2.4e-4, above the tail's floor.
+    Granted as a tail, that element was the kernel's to choose (a red team put 0.75% on an attention's largest
+    output, within 16x the reference's worst error): it fails; only the moved answer, element by element, can
+    pass an honest one."""
     def summary(worst, over):
         part = _part(worst, 1e-7)
         part["numel"] = 4096
@@ -419,6 +420,6 @@ def test_one_element_over_is_a_tail_on_a_small_output_too():
         return {"outputs": [part]}
     reference_error = summary(0.5, 0)
     exact = ExactEvidence(summary(1.4, 1), None, EXACT_AVAILABLE)
+    assert judge_set(summary(1.4, 1), None, VERIFIED, reference_error, exact)[0] == "incorrect"
+    reference_error = summary(0.5, 1)  # the reference itself has one element over: the candidate may have 16
     assert judge_set(summary(1.4, 1), None, VERIFIED, reference_error, exact)[0] == "passed"
-    exact = ExactEvidence(summary(1.4, 2), None, EXACT_AVAILABLE)
-    assert judge_set(summary(1.4, 2), None, VERIFIED, reference_error, exact)[0] == "incorrect"
