@@ -1,10 +1,10 @@
 # kbverify-test: task=tasks/basic/level1/5_conv_standard_2D_square_input_square_kernel.py
 # expect: original=passed verified=incorrect
-# open (limit, by draw): the moved answer (now x4 the widest of five float64 moves; x8 of three when found) of the data by 1 +- 2^-24) is a per-element
-#       allowance a kernel can predict: for a convolution the move's spread is known in law (sigma^2 =
-#       u^2 (2 sum (w x)^2 + b^2)), so errors of beta sigma fail only where all three moves fall under beta/8 sigma
 # why: on wide-range inputs it computes sigma per output from its own weights and inputs and moves every output
 #      where BETA x sigma exceeds the plain limit by BETA x sigma (away from float64): P(one fails) ~ (0.8 BETA/8)^3
+# open: a limit, by draw: the moved answer (x4 the widest of five float64 moves of the data by 1 +- 2^-24; x8 of three when found) is a per-element
+#       allowance a kernel can predict: for a convolution the move's spread is known in law (sigma^2 =
+#       u^2 (2 sum (w x)^2 + b^2)), so errors of beta sigma fail only where all three moves fall under beta/8 sigma
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
