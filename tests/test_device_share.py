@@ -339,3 +339,18 @@ def test_the_options_carry_the_lease_without_changing_what_they_compare_as():
     options = CheckOptions(device="cpu")
     shared = dataclasses.replace(options, sharing=Sharing(DeviceLease("cpu", 2)))
     assert shared == options and "sharing" not in repr(shared)
+
+
+def test_a_gpu_session_asks_for_mps_and_says_why_it_runs_without(monkeypatch, no_probe):
+    executor = LocalExecutor(["cuda:0", "cuda:1"], CheckOptions(device="cuda:0"), BuildPlan(1, 1), share=2)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-cuda-mps-control (kbverify.mps is tested on its own)
+    with executor.session():
+        sharing = executor.sharing
+        assert set(sharing) == {"cuda:0", "cuda:1"} and sharing["cuda:0"].lease is not sharing["cuda:1"].lease
+        assert executor.provenance("cuda:1")["device_share"] == {
+            "slots": 2, "mps": False, "mps_reason": "no nvidia-cuda-mps-control on PATH"}
+        assert sharing["cuda:0"].correctness_env == ()
+    monkeypatch.setenv("KBVERIFY_MPS", "off")
+    with executor.session():
+        assert executor.sharing["cuda:0"].mps_reason == "KBVERIFY_MPS=off"
+    assert executor.sharing == {} and executor.workers == 4
