@@ -108,6 +108,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
             group_by: Optional[str] = typer.Option(None, "--group-by", help="a field of the JSONL's rows (e.g. model): tables per group"),
             executor: str = typer.Option("local", "--executor", help="local, or ray (units as Ray tasks, one GPU each)"),
             ray_address: Optional[str] = typer.Option(None, "--ray-address", help="the Ray cluster (default: $RAY_ADDRESS)"),
+            share_gpu: int = typer.Option(1, "--share-gpu", help="units whose correctness runs side by side on one "
+                                          "device (MPS on a GPU); timing always alone. 1: one unit at a time"),
             json_out: bool = typer.Option(False, "--json"),
             verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score a published run under several protocols; resumable through --store."""
@@ -119,7 +121,7 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                samples=samples, report_dir=report_dir, device=device, hidden_tests=hidden_tests,
                                timeout=timeout, limit=limit, select=select, allow_mixed=allow_mixed,
                                exclude_degenerate=exclude_degenerate, group_by=group_by, executor=executor,
-                               ray_address=ray_address)
+                               ray_address=ray_address, share_gpu=share_gpu)
     validate.clock(clock)
     with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
@@ -129,7 +131,7 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                    limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
                                    select=request.select, exclude_path=request.exclude_path,
                                    group_by=request.group_by, executor=request.executor,
-                                   ray_address=request.ray_address, clock=clock)
+                                   ray_address=request.ray_address, clock=clock, share_gpu=request.share_gpu)
     if json_out:
         _emit(summary)
     else:

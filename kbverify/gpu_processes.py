@@ -36,10 +36,12 @@ class _Unreadable(Exception):
     """nvidia-smi is there but said nothing this module can read with confidence."""
 
 
-def check(device: str, when: str) -> dict:
+def check(device: str, when: str, *, ours_env: dict | None = None) -> dict:
     """One look at the device: `{"when", "checked": True, "gpu_uuid", "ours": [pid], "foreign": [{pid, used_mib,
     command}]}`, or `{"when", "checked": False, "reason"}` where it could not be asked or answered unreadably
-    (never a silent pass)."""
+    (never a silent pass). `ours_env`: a process whose environment holds all of these is ours too: the run's
+    private MPS server (`kbverify.mps`), which the daemon starts outside our process tree, with the daemon's
+    environment and so its private pipe folder, which no other process on the machine is given."""
     if not device.startswith("cuda"):
         return {"when": when, "checked": False, "reason": f"the device is {device}, not a GPU"}
     if shutil.which("nvidia-smi") is None:
@@ -55,7 +57,7 @@ def check(device: str, when: str) -> dict:
     for pid, used_mib, gpu_uuid in apps:
         if gpu_uuid != uuid:
             continue
-        if pid in ours_all:
+        if pid in ours_all or (ours_env and _has_env(pid, ours_env)):
             ours.append(pid)
         else:
             foreign.append({"pid": pid, "used_mib": used_mib, "command": _command(pid)})
@@ -150,6 +152,17 @@ def descendants(root: int) -> set[int]:
                 found.add(child)
                 frontier.append(child)
     return found
+
+
+def _has_env(pid: int, wanted: dict) -> bool:
+    """`pid`'s environment holds every pair of `wanted` (False where it cannot be read: another user's process)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            pairs = handle.read().split(b"\0")
+    except OSError:
+        return False
+    found = {pair.decode(errors="replace") for pair in pairs}
+    return all(f"{key}={value}" in found for key, value in wanted.items())
 
 
 def _command(pid: int) -> str:

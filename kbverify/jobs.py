@@ -79,14 +79,15 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                 allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
                 protocol_overrides: dict | None = None, title: str | None = None, select: Path | None = None,
                 exclude_path: Path | None = None, group_by: str | None = None, executor: str = "local",
-                ray_address: str | None = None, clock: str = "device") -> dict:
+                ray_address: str | None = None, clock: str = "device", share_gpu: int = 1) -> dict:
     """`device`: auto, cpu, cuda or cuda:N. `clock`: which of a verdict's clocks the tables read (kbverify.clocks).
     `exclude_path`: an audit whose degenerate tasks leave the printed
     fast_p tables (listed there); the store and the reports keep every verdict. Everything the source, the tasks
     and the store can be refused for is checked before the first worker starts. `progress` hears of each phase
     and finished unit (`kbverify.progress`). `group_by`: a label (`kbverify.labels`) whose groups get side-by-side
     tables (`kbverify.leaderboard`), printed and in the reports. `executor`: `local` (this machine's devices) or
-    `ray` (`kbverify.ray_executor`, the cluster at `ray_address`, else RAY_ADDRESS, else a local one)."""
+    `ray` (`kbverify.ray_executor`, the cluster at `ray_address`, else RAY_ADDRESS, else a local one). `share_gpu`:
+    units evaluated side by side per device by the local executor (correctness shared, timing alone)."""
     from kbverify.rescore import plan_units, rescore
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
@@ -117,9 +118,9 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
         devices = _devices_for(device)
     with Store(store_path) as store:
         arguments = {"source": str(source), "protocols": [p.name for p in plan.protocols],
-                     "allow_mixed": allow_mixed, "executor": executor}
+                     "allow_mixed": allow_mixed, "executor": executor, "share_gpu": share_gpu}
         summary = rescore(plan.entries, plan.protocols, store, run_id=uuid.uuid4().hex[:12], devices=devices,
-                          options=options, progress=progress, arguments=arguments, executor=chosen)
+                          options=options, progress=progress, arguments=arguments, executor=chosen, share=share_gpu)
         runs = store.runs()
         # This source's units only: a store may also hold other runs' verdicts.
         planned = {unit.key for unit in units}

@@ -1,30 +1,37 @@
 """Re-scoring a published run: every entry × protocol is one unit of work, stored as it finishes.
 
 An executor runs the units. The local one (`LocalExecutor`) is a pipeline: native builds, keyed by content hash,
-run on the CPU cores without oversubscribing them while one thread per device evaluates every unit that is ready
-(each unit in its own sandboxed children); `kbverify.ray_executor` runs units as Ray tasks. Verdicts come back to
-the driver's store (`Sink`). A killed run resumes: units already in the store are skipped, and a unit is written in
+run on the CPU cores without oversubscribing them while threads per device evaluate every unit that is ready
+(each unit in its own sandboxed children): one per device, or several sharing it through its lease
+(`kbverify.device_share`: correctness side by side, timing alone); `kbverify.ray_executor` runs units as Ray
+tasks. Verdicts come back to the driver's store (`Sink`). A killed run resumes: units already in the store are skipped, and a unit is written in
 one transaction, so nothing is lost or duplicated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 from kbverify import provenance as provenance_module
 from kbverify import task_probe
+from kbverify.device_share import DeviceLease, Sharing, default_wait_s, ran_out_of_memory
 from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
+from kbverify.mps import MpsState, private_mps
 from kbverify.progress import Progress, estimate_left_s
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict, task_label
@@ -103,6 +110,18 @@ def build_plan(cores: int, evaluators: int, max_jobs: int | None = None) -> Buil
 def default_build_plan(evaluators: int) -> BuildPlan:
     given = os.environ.get("MAX_JOBS")
     return build_plan(os.cpu_count() or 1, evaluators, int(given) if given and given.isdigit() else None)
+
+
+def mps_for(devices: list[str], stack: contextlib.ExitStack) -> MpsState:
+    """A private MPS daemon for the run, entered on `stack`, where a device is a GPU (none on a CPU)."""
+    if not any(device.startswith("cuda") for device in devices):
+        return MpsState(False, "not a GPU")
+    if os.environ.get("KBVERIFY_MPS", "").lower() in ("0", "off", "no"):
+        return MpsState(False, "KBVERIFY_MPS=off")
+    # A short folder of its own: the daemon's sockets must fit a Unix socket path (108 bytes).
+    folder = Path(tempfile.mkdtemp(prefix="kbv-mps-"))
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)
+    return stack.enter_context(private_mps(folder))
 
 
 def needs_build(entry: Entry) -> bool:
@@ -199,23 +218,53 @@ class Sink:
 
 
 class LocalExecutor:
-    """This machine's executor: native builds on the CPU cores (`BuildPlan`) and one evaluating thread per
+    """This machine's executor: native builds on the CPU cores (`BuildPlan`) and `share` evaluating threads per
     device, overlapped. A unit is ready when its submission needs no build or its build has finished (built or
     failed: a failure is remembered in the build cache and becomes the unit's compile_error), so the first
-    evaluation starts as soon as the first unit is ready, not after the last build. Each device evaluates one unit
-    at a time, so a unit's timing has its GPU alone."""
+    evaluation starts as soon as the first unit is ready, not after the last build. With `share` = 1 a device
+    evaluates one unit at a time, so a unit's timing has its GPU alone. With more, the units of a device share it
+    through its lease (`kbverify.device_share`): up to `share` correctness phases side by side (on a private MPS
+    daemon where the device is a GPU), every timing phase alone."""
 
-    def __init__(self, devices: list[str], options: CheckOptions, plan: BuildPlan | None = None):
-        self.devices = devices
-        self.plan = plan or default_build_plan(len(devices))
+    def __init__(self, devices: list[str], options: CheckOptions, plan: BuildPlan | None = None, share: int = 1):
+        if share < 1:
+            raise ValueError("share is the units evaluated side by side per device, at least 1")
+        self.devices, self.share = devices, share
+        self.plan = plan or default_build_plan(len(devices) * share)
         self.options = dataclasses.replace(options, max_jobs=self.plan.max_jobs)
+        self.sharing: dict[str, Sharing] = {}  # device → its lease, while a session runs
+        self.observer = None  # called with every LeaseEvent (tests)
 
     @property
     def workers(self) -> int:
-        return len(self.devices)
+        return len(self.devices) * self.share
 
     def provenance(self, device: str) -> dict:
-        return provenance_module.collect(device)
+        info = provenance_module.collect(device)
+        if device in self.sharing:
+            info["device_share"] = self.sharing[device].provenance()
+        return info
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """What a run holds: with `share` > 1, one lease per device and, where a device is a GPU, a private MPS
+        daemon for the correctness workers (KBVERIFY_MPS=off runs them without one); its state is in the run's
+        provenance and every verdict's."""
+        if self.share == 1:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            state = mps_for(self.devices, stack)
+            wait_s = default_wait_s(self.share, self.options.timeout_s)
+            self.sharing = {device: Sharing(DeviceLease(device, self.share, wait_s=wait_s, observer=self.observer),
+                                            tuple(state.env.items()), state.used, state.reason)
+                            for device in self.devices}
+            log.info("%d units side by side per device (correctness; timing alone); %s", self.share,
+                     state.describe())
+            try:
+                yield
+            finally:
+                self.sharing = {}
 
     def run(self, units: list[Unit], sink: Sink) -> None:
         ready: queue.Queue = queue.Queue()
@@ -230,7 +279,8 @@ class LocalExecutor:
                                    daemon=True)
         builder.start()
         threads = [threading.Thread(target=self._evaluate_from, args=(ready, device, sink), daemon=True,
-                                    name=f"kbverify-evaluate-{index}") for index, device in enumerate(self.devices)]
+                                    name=f"kbverify-evaluate-{index}-{slot}")
+                   for index, device in enumerate(self.devices) for slot in range(self.share)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -244,7 +294,7 @@ class LocalExecutor:
             if waiting:
                 self._build_in_pool(waiting, ready, sink)
         finally:
-            for _ in self.devices:
+            for _ in range(self.workers):  # one end-of-work marker per evaluating thread
                 ready.put(None)
 
     def _build_in_pool(self, waiting: dict[str, list[Unit]], ready: queue.Queue, sink: Sink) -> None:
@@ -272,7 +322,7 @@ class LocalExecutor:
                                                   f"{'built' if result.get('ok') else 'failed'}")
 
     def _evaluate_from(self, ready: queue.Queue, device: str, sink: Sink) -> None:
-        device_options = dataclasses.replace(self.options, device=device)
+        device_options = dataclasses.replace(self.options, device=device, sharing=self.sharing.get(device))
         while not sink.stopped:
             unit = ready.get()
             if unit is None:
@@ -280,6 +330,12 @@ class LocalExecutor:
             started = time.monotonic()
             try:
                 verdict = evaluate_unit(unit, device_options, sink.store, sink.lock)
+                if device_options.sharing and ran_out_of_memory(verdict.status.value, verdict.message):
+                    log.info("%s [%s] ran out of memory beside other units: evaluated again alone",
+                             unit.entry.entry_id, unit.protocol.name)
+                    alone = dataclasses.replace(device_options.sharing, alone=True)
+                    verdict = evaluate_unit(unit, dataclasses.replace(device_options, sharing=alone), sink.store,
+                                            sink.lock)
             except InfrastructureError as error:
                 sink.error(unit, str(error))
                 continue
@@ -291,19 +347,33 @@ class LocalExecutor:
 
 def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
             options: CheckOptions, progress: Callable[[Progress], None] | None = None,
-            build_workers: int | None = None, arguments: dict | None = None, executor=None) -> RescoreSummary:
-    """Every planned unit not yet in `store`, run by `executor`: by default a `LocalExecutor` on `devices`; any
-    object with `workers`, `provenance(device)` (the machine the run is for) and `run(units, sink)` will do, e.g.
-    `kbverify.ray_executor.RayExecutor`. `build_workers` caps the local executor's parallel builds."""
+            build_workers: int | None = None, arguments: dict | None = None, executor=None,
+            share: int = 1) -> RescoreSummary:
+    """Every planned unit not yet in `store`, run by `executor`: by default a `LocalExecutor` on `devices`, `share`
+    units side by side per device; any object with `workers`, `provenance(device)` (the machine the run is for)
+    and `run(units, sink)` will do, e.g. `kbverify.ray_executor.RayExecutor` (and `session()`, a context the run
+    happens in, if it has one). `build_workers` caps the local executor's parallel builds."""
     started = time.monotonic()
     units = plan_units(entries, protocols)
     if progress:  # before the machine is probed for provenance: that can take seconds on a GPU host
-        progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices)))
+        progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices) * share))
     if executor is None:
-        plan = default_build_plan(len(devices))
+        plan = default_build_plan(len(devices) * share)
         if build_workers:
             plan = dataclasses.replace(plan, parallel_builds=min(plan.parallel_builds, build_workers))
-        executor = LocalExecutor(devices, options, plan)
+        executor = LocalExecutor(devices, options, plan, share)
+    session = getattr(executor, "session", contextlib.nullcontext)
+    with session():
+        sink = _run_units(executor, units, store, run_id, devices, progress, arguments)
+    if sink.failures:
+        # Finished units are in the store; a rerun resumes after the fix.
+        raise sink.failures[0]
+    return RescoreSummary(units=len(units), evaluated=sink.done, resumed=sink.resumed, errors=tuple(sink.errors),
+                          wall_s=time.monotonic() - started)
+
+
+def _run_units(executor, units: list[Unit], store: Store, run_id: str, devices: list[str],
+               progress: Callable[[Progress], None] | None, arguments: dict | None) -> Sink:
     # The plan goes with the run, so `score` and `report` of the store can tell which units have no verdict.
     planned = {unit.key: planned_unit(unit) for unit in units}
     provenance = executor.provenance(devices[0])
@@ -317,11 +387,7 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
     sink = Sink(store, run_id, todo, resumed, progress, executor.workers, devices[0],
                 provenance_module.compat_key(provenance))
     executor.run(todo, sink)
-    if sink.failures:
-        # Finished units are in the store; a rerun resumes after the fix.
-        raise sink.failures[0]
-    return RescoreSummary(units=len(units), evaluated=sink.done, resumed=resumed, errors=tuple(sink.errors),
-                          wall_s=time.monotonic() - started)
+    return sink
 
 
 def planned_unit(unit: Unit) -> dict:

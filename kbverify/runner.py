@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import gpu_processes, stats, timing_control, toolchain
+from kbverify import device_share, gpu_processes, stats, timing_control, toolchain
 from kbverify.channel import handover_strays, marker_names
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
@@ -52,6 +52,9 @@ class CheckOptions:
     hang_factor: float = hang_module.FACTOR  # (kbverify.hang; a floor of 0 leaves only --timeout)
     timing_mode: str = "auto"  # "auto": kbverify.timing_modes decides; "hold" or "sync" ask for one (tests)
     max_jobs: int | None = None  # compiler processes per native build (MAX_JOBS); None: $MAX_JOBS, else every core
+    # The device's lease when several units share it (kbverify.device_share): correctness under the shared lease,
+    # timing under the exclusive one. None: the check has its device to itself, as `check` on the command line.
+    sharing: device_share.Sharing | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -96,13 +99,21 @@ def check(task: Task, submission: Submission, protocol: Protocol, options: Check
     if protocol.isolated:
         verdict = _check_isolated(context, margin_cache)
     else:
-        verdict = _check_kernelbench(context)
+        with _phase(context, device_share.TIMING):  # its one job checks and times: timing, so alone
+            verdict = _check_kernelbench(context)
     verdict = _with_gpu_checks(context, verdict)
     isolation, reason = _isolation(context)
+    shared = {"device_share": options.sharing.provenance()} if options.sharing else {}
     return dataclasses.replace(
         verdict, sample=sample, claimed_speedup=claimed_speedup, elapsed_s=time.monotonic() - started,
         worker_s=dict(context.worker_s), isolation=isolation, isolation_reason=reason,
-        provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256})
+        provenance={**provenance_module.collect(options.device), "protocol_sha256": protocol.sha256, **shared})
+
+
+def _phase(context: _Context, kind: str):
+    """The device's lease of `kind` (kbverify.device_share) around a phase, where the device is shared."""
+    return device_share.phase(context.options.sharing, kind,
+                              f"{context.task.name}/{context.submission.id}/{context.protocol.name}")
 
 
 def _isolation(context: _Context) -> tuple[str, str]:
@@ -118,8 +129,11 @@ def _isolation(context: _Context) -> tuple[str, str]:
 
 
 def _look_at_gpu(context: _Context, when: str) -> None:
-    """Which compute processes hold the device, right before a timing worker starts or after the last ended."""
-    context.gpu_checks.append(gpu_processes.check(context.options.device, when))
+    """Which compute processes hold the device, right before a timing worker starts or after the last ended. The
+    run's own MPS server is not foreign: it is the daemon's child, not ours, and holds the device between clients."""
+    sharing = context.options.sharing
+    context.gpu_checks.append(gpu_processes.check(context.options.device, when,
+                                                  ours_env=dict(sharing.correctness_env) if sharing else None))
 
 
 def _with_gpu_checks(context: _Context, verdict: Verdict) -> Verdict:
@@ -198,10 +212,13 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
         return lambda: _write_marker(os.path.join(outdir, name))
 
     pace = hang_module.ReferencePace()  # the judge's phases: how long the reference's own work takes
-    specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, context.env,
+    # Correctness workers of units sharing a GPU run on the run's MPS daemon, if any, so their kernels overlap;
+    # timing workers never do (they run as they run alone).
+    env = {**context.env, **dict(context.options.sharing.correctness_env if context.options.sharing else ())}
+    specs = [ChildSpec(first[0], first[1], context.options.timeout_s, context.options.device, env,
                        context.options.keep_workdirs, on_exit=marker(markers["candidate_ended"]), writable=(outdir,),
                        hang=context.hang(pace)),
-             ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, context.env,
+             ChildSpec(second[0], second[1], context.options.timeout_s, context.options.device, env,
                        context.options.keep_workdirs, on_exit=marker(markers["judge_ended"]), writable=(outdir,), pace=pace)]
     outcomes = run_children(specs)
     context.reference_call_s = pace.call_s
@@ -426,8 +443,22 @@ def plan_for(context: _Context, secret: str) -> tuple[list[InputSet], str]:
 
 
 def _check_isolated(context: _Context, margin_cache) -> Verdict:
+    """Correctness, then (for a kernel that passed) timing: each phase under its own lease of a shared device, so
+    other units' correctness runs beside this one's and nothing runs beside its timing."""
     protocol, options = context.protocol, context.options
     secret = options.secret or new_run_secret()
+    with _phase(context, device_share.CORRECTNESS):
+        verdict = _correctness_isolated(context, secret)
+    if verdict.status is Status.PASSED and options.measure_speed:
+        with _phase(context, device_share.TIMING):  # the A/A margin and the clean reference measure too
+            if protocol.timing == "kernelbench":
+                return _time_kernelbench_way(context, verdict)
+            return _time_isolated(context, verdict, secret, margin_cache)
+    return verdict
+
+
+def _correctness_isolated(context: _Context, secret: str) -> Verdict:
+    protocol = context.protocol
     plan, origin = plan_for(context, secret)
     sets = [s.to_dict() for s in plan]
     outdir = tempfile.mkdtemp(prefix="kbverify-outputs-")
@@ -461,13 +492,7 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
         shutil.rmtree(outdir, ignore_errors=True)
     set_results = merge_set_records(plan, candidate.result, judge.result, protocol)
     build = _build_record(context.static, candidate.result.get("extensions"))
-    verdict = decide_isolated(context, set_results, candidate.result, build, origin, secret)
-    if verdict.status is Status.PASSED and options.measure_speed:
-        if protocol.timing == "kernelbench":
-            verdict = _time_kernelbench_way(context, verdict)
-        else:
-            verdict = _time_isolated(context, verdict, secret, margin_cache)
-    return verdict
+    return decide_isolated(context, set_results, candidate.result, build, origin, secret)
 
 
 def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:

@@ -47,8 +47,12 @@ def task_failure(task: Task, options) -> str | None:
 
     payload = {"submission_source": _PROBE.source, "task_source": task.source, "task_name": task.name,
                "device": options.device}
-    outcome = run_child("build", payload, timeout_s=options.timeout_s, device=options.device,
-                        env=build_env(_PROBE, options))
+    from kbverify.device_share import CORRECTNESS, phase
+
+    # On a shared device the probe is one more correctness worker: never beside another unit's timing.
+    with phase(getattr(options, "sharing", None), CORRECTNESS, f"{task.name}/task-probe"):
+        outcome = run_child("build", payload, timeout_s=options.timeout_s, device=options.device,
+                            env=build_env(_PROBE, options))
     reason = _reason(outcome, options.timeout_s)
     log.info("task probe of %s on %s: %s", task.name, options.device, reason or "runs")
     with _lock:

@@ -64,6 +64,7 @@ class RescoreRequest:
     group_by: str | None = None
     executor: str = "local"
     ray_address: str | None = None
+    share_gpu: int = 1
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_te
 def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol: str, samples: str,
             report_dir: Path | None, device: str, hidden_tests: Path | None, timeout: float, limit: int | None,
             select: Path | None, allow_mixed: bool, exclude_degenerate: Path | None,
-            group_by: str | None = None, executor: str = "local", ray_address: str | None = None) -> RescoreRequest:
+            group_by: str | None = None, executor: str = "local", ray_address: str | None = None,
+            share_gpu: int = 1) -> RescoreRequest:
     from kbverify.importers import FORMATS
 
     sandbox_settings()
@@ -124,7 +126,7 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
                           hidden_dirs=hidden_folders(hidden_tests), timeout_s=seconds(timeout, "--timeout"),
                           limit=limit, select=select, allow_mixed=allow_mixed, exclude_path=exclude_degenerate,
                           group_by=group_field(group_by), executor=executor_name(executor, ray_address),
-                          ray_address=ray_address)
+                          ray_address=ray_address, share_gpu=shared_units(share_gpu, executor))
 
 
 def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exclude_degenerate: Path | None,
@@ -234,6 +236,20 @@ def device_name(device: str) -> str:
 
 
 EXECUTORS = ("local", "ray")
+# Units side by side on one device: each holds a candidate and a judge process with their CUDA contexts and
+# tensors, so a few pay (the GPU idles in process starts and loads) and many only queue behind the timing phases.
+MAX_SHARE_GPU = 8
+
+
+def shared_units(share: int, executor: str) -> int:
+    """`--share-gpu N`: 1 (the default) evaluates one unit at a time per device; more run that many units'
+    correctness side by side, each timing alone. The local executor's: a Ray task asks for a whole GPU."""
+    if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= MAX_SHARE_GPU:
+        raise InputError(f"--share-gpu {share}: give the units evaluated side by side per device, 1 to "
+                         f"{MAX_SHARE_GPU}")
+    if share > 1 and executor != "local":
+        raise InputError("--share-gpu goes with --executor local (a Ray task asks for a whole GPU)")
+    return share
 
 
 def executor_name(executor: str, ray_address: str | None) -> str:

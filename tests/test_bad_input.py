@@ -515,7 +515,7 @@ FUZZ = [
                                   "--clock moon", "--group-by ", "--group-by bad-field!", "--group-by task",
                                   "--group-by correct", "--executor spark", "--ray-address x",
                                   "--executor local --ray-address x", "--timeout inf", "--device cuda:x",
-                                  "--report"),
+                                  "--report", "--share-gpu 0", "--share-gpu 9", "--share-gpu two", "--share-gpu 1.5"),
                lambda w, o, spec: _rescore(w, o, *spec.split(" ", 1)) if " " in spec else _rescore(w, o, spec),
                not_written=["s.sqlite"]),
     ("rescore-report-loop", lambda w, o: _rescore(w, o, "--report", w.loop_out), ["--report"], ["s.sqlite"]),

@@ -170,3 +170,24 @@ def test_a_timing_beside_a_foreign_process_does_not_count_in_fast_p(tmp_path):
     assert result["text"].startswith("foreign_gpu_process: 1 verdict")
     table = result["json"]["tables"]["verified"]
     assert table["n_correct"] == 2 and table["rows"][0]["n_fast"] == 1 and table["n_geomean"] == 1
+
+
+def test_the_runs_own_mps_server_is_not_foreign_though_it_is_no_descendant(smi, tmp_path):
+    """The MPS control daemon (started by `rescore --share-gpu N`) starts its server outside our process tree, with
+    the daemon's environment: the private pipe folder, which no other process is given, tells it apart."""
+    pipe = str(tmp_path / "mps" / "pipe")
+    started = subprocess.run(["sh", "-c", f"CUDA_MPS_PIPE_DIRECTORY={pipe} sleep 30 >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    server = int(started.stdout.strip())  # its shell is gone: the sleep is nobody's child here
+    try:
+        deadline = time.monotonic() + 10
+        while server in gpu_processes.descendants(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        smi(f"{server}, 300 MiB, GPU-aaaa-0000\n")
+        assert [p["pid"] for p in gpu_processes.check("cuda:0", "before")["foreign"]] == [server]
+        ours = gpu_processes.check("cuda:0", "before", ours_env={"CUDA_MPS_PIPE_DIRECTORY": pipe})
+        other = gpu_processes.check("cuda:0", "before", ours_env={"CUDA_MPS_PIPE_DIRECTORY": pipe + "-other"})
+    finally:
+        os.kill(server, 9)
+    assert ours["ours"] == [server] and ours["foreign"] == []
+    assert [p["pid"] for p in other["foreign"]] == [server]

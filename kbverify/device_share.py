@@ -1,0 +1,214 @@
+"""Sharing one device between units: correctness side by side, timing alone (SPEC §8 Throughput, issue 22).
+
+A unit's correctness phase (candidate and judge processes over the input sets) mostly starts processes, imports
+torch, loads the task and compares outputs; its GPU work is short. Its timing phase measures, and anything else on
+the device moves the numbers. So each device has a `DeviceLease` over the threads of one process:
+- up to `slots` threads hold the shared lease (CORRECTNESS) at once;
+- the exclusive lease (TIMING) waits until every shared holder has left, and while it waits or holds, no new shared
+  holder is let in: a stream of correctness work can never starve timing;
+- waiters are served in arrival order (FIFO), so neither kind starves the other, and a waiter that would fit
+  (a shared one behind a waiting timing one) does not overtake it.
+With `slots` = 1 the lease is a plain mutex, which is what one evaluating thread per device always was.
+
+Every acquisition has a deadline (`wait_s`): the holders ahead of it are bounded by their own workers' timeouts, so a
+wait past it is a bug of ours, raised as LeaseTimeout (an infrastructure error: the unit gets no verdict and a rerun
+resumes it) instead of a hang. A lease is released when its block exits, however it exits; a waiter interrupted or
+timed out leaves the queue, so nothing is leaked. A thread never nests two leases of one device (it would wait on
+itself): that raises at once.
+
+Memory: the lease counts slots, not bytes. A unit that ran out of device memory beside others is evaluated again
+alone (`ran_out_of_memory`, `Sharing.alone`), so sharing never turns into a verdict. The audit's admission control
+(`kbverify.admission.MemoryLedger` over `kbverify.footprint`'s meta-device estimates) is the mechanism to reuse for
+a budget per slot (its ledger is flock'ed, so threads of one process can share it), but not yet: what it reserves
+is an audit worker's need (`AUDIT_MEMORY_FACTOR`, measured on the H200 for that worker), not a candidate-and-judge
+pair's, and rescore estimates no footprints. Missing: that factor measured for the pair on a GPU, the footprints
+estimated beside the builds, and a shared request that carries its need.
+
+Pure: no processes, no torch. The executor (`kbverify.rescore.LocalExecutor`) makes one lease per device and hands
+it to `kbverify.runner.check` inside a `Sharing`; `phase(sharing, kind, holder)` is what the runner enters.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from kbverify.errors import InfrastructureError
+
+log = logging.getLogger(__name__)
+
+CORRECTNESS = "correctness"  # the shared lease
+TIMING = "timing"  # the exclusive lease
+KINDS = (CORRECTNESS, TIMING)
+# Longest run of workers one phase starts one after another, each within the workers' timeout (timing: the timing
+# worker, the check of its outputs, the clean reference, the reference alone), for the default deadline.
+WORKERS_PER_PHASE = 4
+
+
+class LeaseTimeout(InfrastructureError):
+    """A lease not granted within its deadline."""
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One change of a lease, in the order the lease saw them (observers are called under its lock)."""
+
+    device: str
+    kind: str  # CORRECTNESS | TIMING
+    action: str  # "wait" (asked), "hold" (granted), "release", "timeout"
+    holder: str
+    at: float  # time.monotonic()
+    shared_holders: int  # after the change
+    exclusive: bool  # the exclusive lease is held, after the change
+
+
+class _Request:
+    __slots__ = ("kind", "holder", "thread")
+
+    def __init__(self, kind: str, holder: str):
+        self.kind, self.holder, self.thread = kind, holder, threading.get_ident()
+
+
+class DeviceLease:
+    """The shared/exclusive lease of one device (see the module's docstring)."""
+
+    def __init__(self, device: str, slots: int = 1, *, wait_s: float | None = None,
+                 observer: Callable[[LeaseEvent], None] | None = None):
+        if slots < 1:
+            raise ValueError("a device lease needs at least one shared slot")
+        self.device, self.slots, self.wait_s, self.observer = device, slots, wait_s, observer
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._shared: dict[int, str] = {}  # thread id → holder
+        self._exclusive: tuple[int, str] | None = None
+
+    @contextlib.contextmanager
+    def shared(self, holder: str = "") -> Iterator[None]:
+        with self._held(CORRECTNESS, holder):
+            yield
+
+    @contextlib.contextmanager
+    def exclusive(self, holder: str = "") -> Iterator[None]:
+        with self._held(TIMING, holder):
+            yield
+
+    def holders(self) -> tuple[int, bool]:
+        """(shared holders, exclusive held) now: for logs and tests."""
+        with self._cond:
+            return len(self._shared), self._exclusive is not None
+
+    @contextlib.contextmanager
+    def _held(self, kind: str, holder: str) -> Iterator[None]:
+        request = _Request(kind, holder)
+        self._acquire(request)
+        try:
+            yield
+        finally:
+            self._release(request)
+
+    def _acquire(self, request: _Request) -> None:
+        with self._cond:
+            self._refuse_nesting(request)
+            self._queue.append(request)
+            self._emit(request, "wait")
+            asked = time.monotonic()
+            deadline = None if self.wait_s is None else asked + self.wait_s
+            try:
+                while not self._grantable(request):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._emit(request, "timeout")
+                        raise LeaseTimeout(f"{self.device}: the {request.kind} lease for {request.holder or '?'} "
+                                           f"was not granted within {self.wait_s:g} s")
+                    self._cond.wait(left)
+            except BaseException:  # a timeout, or an interrupt while waiting: leave the queue, wake who is next
+                self._queue.remove(request)
+                self._cond.notify_all()
+                raise
+            self._queue.popleft()
+            if request.kind == TIMING:
+                self._exclusive = (request.thread, request.holder)
+            else:
+                self._shared[request.thread] = request.holder
+            self._emit(request, "hold")
+            self._cond.notify_all()  # the next in line may be a shared request that fits too
+        waited = time.monotonic() - asked
+        if waited > 1.0:
+            log.debug("%s: %s lease for %s after %.1f s", self.device, request.kind, request.holder, waited)
+
+    def _release(self, request: _Request) -> None:
+        with self._cond:
+            if request.kind == TIMING:
+                self._exclusive = None
+            else:
+                self._shared.pop(request.thread, None)
+            self._emit(request, "release")
+            self._cond.notify_all()
+
+    def _grantable(self, request: _Request) -> bool:
+        """Only the head of the queue is granted: arrival order, and no overtaking of a waiting timing phase."""
+        if self._queue[0] is not request or self._exclusive is not None:
+            return False
+        if request.kind == TIMING:
+            return not self._shared
+        return len(self._shared) < self.slots
+
+    def _refuse_nesting(self, request: _Request) -> None:
+        thread = request.thread
+        if thread in self._shared or (self._exclusive and self._exclusive[0] == thread) or any(
+                r.thread == thread for r in self._queue):
+            raise RuntimeError(f"{self.device}: {request.holder or 'a thread'} asked for the {request.kind} lease "
+                               f"while holding one (a thread would wait on itself)")
+
+    def _emit(self, request: _Request, action: str) -> None:
+        if self.observer is not None:
+            self.observer(LeaseEvent(self.device, request.kind, action, request.holder, time.monotonic(),
+                                     len(self._shared), self._exclusive is not None))
+
+
+def default_wait_s(slots: int, worker_timeout_s: float) -> float:
+    """A deadline no honest wait reaches: everyone ahead (each other thread of the device holds or waits for one
+    phase, timing ones one at a time) finishes a phase of WORKERS_PER_PHASE workers within their timeout."""
+    return (2 * slots + 1) * WORKERS_PER_PHASE * worker_timeout_s
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How a check shares its device: the lease its phases take, the environment its correctness workers get (a
+    private MPS daemon's, `kbverify.mps`; empty without one), and what its verdict's provenance says of both."""
+
+    lease: DeviceLease
+    correctness_env: tuple[tuple[str, str], ...] = ()
+    mps: bool = False
+    mps_reason: str = ""
+    alone: bool = False  # correctness too under the exclusive lease: a unit again after it ran out of memory
+
+    def provenance(self) -> dict:
+        return {"slots": self.lease.slots, "mps": self.mps, "mps_reason": self.mps_reason,
+                **({"alone": True} if self.alone else {})}
+
+
+OUT_OF_MEMORY_STATUSES = ("runtime_error", "crashed", "unverifiable", "compile_error", "timeout")
+
+
+def ran_out_of_memory(status: str, message: str) -> bool:
+    """A failure that units sharing a device can cause each other: the device's memory ran out. Such a unit is
+    evaluated again alone (`Sharing.alone`), so that what its neighbours held never becomes its verdict."""
+    return status in OUT_OF_MEMORY_STATUSES and "out of memory" in message.lower()
+
+
+
+def phase(sharing: Sharing | None, kind: str, holder: str = ""):
+    """The block of one phase of a check: under the device's lease of `kind`, or as it always ran (no sharing)."""
+    if sharing is None:
+        return contextlib.nullcontext()
+    if kind not in KINDS:
+        raise ValueError(f"unknown phase kind {kind!r}")
+    if kind == CORRECTNESS and not sharing.alone:
+        return sharing.lease.shared(holder)
+    return sharing.lease.exclusive(holder)
