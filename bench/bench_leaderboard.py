@@ -106,7 +106,8 @@ def one_run(args, name: str, out: Path) -> dict:
     from kbverify.runner import CheckOptions
 
     store = out / f"{name}.sqlite"
-    store.unlink(missing_ok=True)
+    if not args.resume:
+        store.unlink(missing_ok=True)
     builds: dict = {}
     restore = timed_builds(builds)
     clock = PhaseClock()
@@ -122,7 +123,8 @@ def one_run(args, name: str, out: Path) -> dict:
                                       protocols=args.protocol, samples="first", report_dir=None, device=args.device,
                                       hidden_dirs=[args.hidden_tests] if args.hidden_tests else [],
                                       timeout_s=args.timeout, limit=args.limit, select=args.select,
-                                      progress=clock, executor=args.executor, group_by=args.group_by)
+                                      progress=clock, executor=args.executor, group_by=args.group_by,
+                                      share_gpu=args.share_gpu)
     finally:
         restore()
     wall_s = time.monotonic() - started
@@ -223,6 +225,10 @@ def main() -> int:
     parser.add_argument("--group-by")
     parser.add_argument("--runs", type=int, default=2, help="1: cold only; 2: cold, then warm from its cache")
     parser.add_argument("--phased", action="store_true", help="build everything before evaluating (the old path)")
+    parser.add_argument("--share-gpu", type=int, default=1, help="rescore's --share-gpu")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the run's store (a run cut by a limit goes on where it stopped; its table then "
+                             "covers this part only)")
     parser.add_argument("--sample-s", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=Path("bench-leaderboard"))
     parser.add_argument("--keep-cache", action="store_true", help="reuse OUT/cache instead of emptying it first")
