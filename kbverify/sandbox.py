@@ -48,10 +48,35 @@ def preload(*, timing: bool) -> list[str]:
     return PRELOAD + (TIMING_PRELOAD if timing else [])
 
 
+WORKER_NAME = "kbverify-worker"
+
+
+def _without_the_callers_main(original):
+    """multiprocessing's preparation data for a spawned or forkserver child names the caller's main module, which
+    the child imports before its target runs: a script that calls `check` at top level, unguarded by
+    `if __name__ == "__main__"`, ran `check` again in every worker, whose start then failed with no output.
+    A worker needs nothing of the caller's main (its target and everything it imports live in kbverify), so
+    ours start without it; every other process the caller starts is left as multiprocessing makes it."""
+
+    def preparation_data(name):
+        data = original(name)
+        if name == WORKER_NAME:
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    preparation_data.kbverify_wrapped = True
+    return preparation_data
+
+
 def _forkserver(*, timing: bool = True):
     """The worker server, created and started on first use; `timing` only matters then (what it preloads)."""
     global _context
     if _context is None:
+        from multiprocessing import spawn
+
+        if not getattr(spawn.get_preparation_data, "kbverify_wrapped", False):
+            spawn.get_preparation_data = _without_the_callers_main(spawn.get_preparation_data)
         method = os.environ.get("KBVERIFY_START_METHOD", "forkserver")
         try:
             context = multiprocessing.get_context(method)
@@ -223,7 +248,7 @@ class _Running:
                 args=(spec.job, spec.payload, str(self.workdir), str(self.log_path), child_env,
                       _writable_from(child_env, spec.writable), str(self.stage), child_end, _lifeline_reader(),
                       confine.switched_off(), tmpfs_size),
-                daemon=False)
+                name=WORKER_NAME, daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
         except OSError as error:

@@ -301,3 +301,33 @@ def test_a_probe_that_built_is_believed_for_a_while_and_one_that_failed_is_not(m
     monkeypatch.setattr(toolchain, "BUILT_PROBE_TRUSTED_S", 0.0)
     assert toolchain.cannot_build_here("cpu", {}) is None
     assert probes[-1] is None and len(probes) == 4
+
+
+def test_a_script_that_calls_check_unguarded_runs_once(tmp_path):
+    """Workers start without the caller's main module: a script that calls `check` at top level (no `if __name__
+    == "__main__"`), run from a folder of its own, gets its verdict, and its top-level code runs once."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "from kbverify.protocols import VERIFIED\n"
+        "from kbverify.runner import CheckOptions, check\n"
+        "from kbverify.submissions import make_submission\n"
+        "from kbverify.tasks import parse_task\n"
+        "print('top level ran', flush=True)\n"
+        "TASK = '''\nimport torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+        "    def forward(self, a):\n        return torch.relu(a)\n"
+        "def get_inputs():\n    return [torch.randn(64, 64)]\ndef get_init_inputs():\n    return []\n'''\n"
+        "v = check(parse_task(TASK, name='1_Relu', level=1, problem_id=1),\n"
+        "          make_submission(TASK.replace('class Model', 'class ModelNew'), id='s.py'),\n"
+        "          VERIFIED.with_overrides(timing_budget_s=0.3, hidden_shapes=False, distributions=('x1',)),\n"
+        "          CheckOptions(device='cpu', timeout_s=120))\n"
+        "print('status', v.status.value)\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "status passed" in done.stdout, (done.stdout, done.stderr[-2000:])
+    assert done.stdout.count("top level ran") == 1, done.stdout
