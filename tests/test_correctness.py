@@ -423,3 +423,56 @@ def test_one_element_over_on_a_small_output_is_no_tail():
     assert judge_set(summary(1.4, 1), None, VERIFIED, reference_error, exact)[0] == "incorrect"
     reference_error = summary(0.5, 1)  # the reference itself has one element over: the candidate may have 16
     assert judge_set(summary(1.4, 1), None, VERIFIED, reference_error, exact)[0] == "passed"
+
+
+def _exact_by_element(truth, reference, candidate, spread_scale: float = 0.0) -> ExactEvidence:
+    """Float64 evidence as the judge records it when the candidate has an element past the plain limits: the
+    moved answer with the fp32 reference's own error at each element (spreads `spread_scale` x 2^-24 relative)."""
+    from kbverify.child.exact import summarize_within_moved
+
+    spread = torch.full((truth.numel(),), spread_scale * 2.0**-24, dtype=torch.float64)
+    moved = summarize_within_moved(truth, candidate, [spread], reference)
+    return ExactEvidence(summarize(truth, candidate), None, EXACT_AVAILABLE, moved)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), size=st.integers(1, 5000), scale=st.sampled_from([1e-2, 1.0, 1e4]),
+       shift=st.sampled_from([0.0, 100.0]), error=st.sampled_from([1e-7, 1e-4, 1e-2, 1.0]),
+       sparse=st.booleans(), closeness=st.sampled_from([0.0, 0.5, 1.0]))
+def test_judged_element_by_element_a_candidate_as_close_as_the_reference_still_passes(seed, size, scale, shift,
+                                                                                      error, sparse, closeness):
+    """The same guarantee where the moved answer judges each element (no tail budget left): an element at most
+    as far from float64 as the reference's own is within ROUNDING_ALLOWANCE times that, and the norm-wise limit
+    is the tail base's."""
+    truth, reference, candidate, _ = _closer_case(seed, size, scale, shift, error, sparse, closeness, False)
+    exact = _exact_by_element(truth, reference.float(), candidate.float())
+    outcome, detail, _ = judge_set(summarize(reference.float(), candidate.float()), None, VERIFIED,
+                                   summarize(truth, reference.float()), exact)
+    assert outcome == "passed", detail
+
+
+def test_an_allowance_from_the_references_error_is_spent_only_where_the_reference_errs():
+    """A red team's push: the fp32 reference is over the limit at one element (a near-zero output of a wide-range
+    attention), so a tail allowance let the candidate put 0.9 x 16 x that error on the largest output instead.
+    Judged element by element, that element's limit is the reference's error there (tiny): it fails, on the
+    float64 comparison and on the fp32 one; the same error put where the reference errs passes."""
+    generator = torch.Generator().manual_seed(3)
+    truth = torch.randn(8192, generator=generator, dtype=torch.float64) * 1e4
+    truth[7] = 1e-3  # an output that cancels: the fp32 reference is ~2x the limit off there
+    reference = truth.float()
+    reference[7] = float(truth[7]) + 1.9e-3
+    largest = int(truth.abs().argmax())
+    pushed = reference.clone()
+    pushed[largest] += min(0.9 * 16 * 1.9e-3 * (1 + abs(float(truth[largest]))), 0.8e-3 * float(truth.norm()))
+    exact = _exact_by_element(truth, reference, pushed, spread_scale=1.0)
+    args = (summarize(reference, pushed), None, VERIFIED, summarize(truth, reference))
+    outcome, detail, _ = judge_set(*args, exact)
+    assert outcome == "incorrect" and "element(s) over" in detail, detail
+    # without per-element evidence (records made before it) the tail rule is what it was, and let this through
+    assert judge_set(*args, ExactEvidence(exact.candidate, None, EXACT_AVAILABLE))[0] == "passed"
+    where_it_errs = reference.clone()
+    where_it_errs[7] = float(truth[7]) + 8 * 1.9e-3
+    exact = _exact_by_element(truth, reference, where_it_errs, spread_scale=1.0)
+    outcome, detail, _ = judge_set(summarize(reference, where_it_errs), None, VERIFIED, summarize(truth, reference),
+                                   exact)
+    assert outcome == "passed", detail
