@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +12,8 @@ from kbverify.errors import InputError
 from kbverify.progress import Progress
 from kbverify.protocols import parse_protocols
 from kbverify.records import Verdict
+# select_entries: the benchmark scripts pick a corpus subset through this module
+from kbverify.rescore_plan import RescorePlan, plan_rescore, refuse_store_conflicts, select_entries  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +59,6 @@ def _bound_text(bound: dict, ps) -> str:
             + present.render_fast_p(bound, ps))
 
 
-def select_entries(entries: list, select: Path) -> list:
-    """The entries a subset file names, in source order. The file is JSON with a `kernels` list of
-    {"level_id", "task_id"} (the shape of a published anchor subset); every named kernel must be in the source."""
-    try:
-        wanted = [(int(k["level_id"]), int(k["task_id"])) for k in json.loads(Path(select).read_text())["kernels"]]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise InputError(f"{select}: not a subset file (JSON with kernels: [{{level_id, task_id}}]): {error}") from error
-    named = set(wanted)
-    chosen = [entry for entry in entries if (entry.level, entry.problem_id) in named]
-    missing = sorted(set(wanted) - {(entry.level, entry.problem_id) for entry in chosen})
-    if missing:
-        raise InputError(f"{select}: {len(missing)} kernels not in the source, first {missing[:5]}")
-    return chosen
-
-
 def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path, protocols: str, samples: str,
                 report_dir: Path | None, device: str, hidden_dirs, timeout_s: float, limit: int | None = None,
                 allow_mixed: bool = False, progress: Callable[[Progress], None] | None = None,
@@ -92,14 +77,14 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
     from kbverify.runner import CheckOptions
     from kbverify.store import Store
 
-    plan = _plan_rescore(source, fmt=fmt, tasks=tasks, protocols=protocols, samples=samples, limit=limit,
-                         select=select, exclude_path=exclude_path, protocol_overrides=protocol_overrides)
+    plan = plan_rescore(source, fmt=fmt, tasks=tasks, protocols=protocols, samples=samples, limit=limit,
+                        select=select, exclude_path=exclude_path, protocol_overrides=protocol_overrides)
     if group_by is not None:
         from kbverify.labels import require_field
 
         require_field(group_by, [dict(entry.labels) for entry in plan.entries], str(source))
     units = plan_units(plan.entries, plan.protocols)
-    _refuse_store_conflicts(store_path, units)
+    refuse_store_conflicts(store_path, units)
     if executor == "ray":
         from kbverify.ray_executor import require_ray
 
@@ -129,59 +114,7 @@ def run_rescore(source: Path, *, fmt: str, tasks: Path | None, store_path: Path,
                            report_dir=report_dir, title=title, runs=runs, group_by=group_by, clock=clock)
 
 
-@dataclass(frozen=True)
-class _RescorePlan:
-    entries: list
-    protocols: list
-    exclude: set | None
-    skipped: tuple  # kbverify.importers.SkippedFile
-    tasks_not_found: tuple[str, ...]
-
-
-def _plan_rescore(source: Path, *, fmt: str, tasks: Path | None, protocols: str, samples: str, limit: int | None,
-                  select: Path | None, exclude_path: Path | None, protocol_overrides: dict | None) -> _RescorePlan:
-    """The entries and protocols of a rescore, every input checked (InputError) before anything runs."""
-    from kbverify.importers import read_source
-    from kbverify.task_match import require_tasks_fit
-
-    if samples not in ("first", "best"):
-        raise InputError("--samples is first or best")
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit {limit}: give a number of entries, at least 1")
-    imported = read_source(source, fmt=fmt, tasks_dir=tasks)
-    entries = imported.entries
-    if select is not None:
-        entries = select_entries(entries, select)
-    if limit is not None:
-        entries = entries[:limit]
-    if not entries:
-        raise InputError(f"{source}: no entries to re-score")
-    match = require_tasks_fit(entries, fmt=imported.fmt, source=source, tasks_dir=tasks)
-    exclude = None
-    if exclude_path is not None:  # read before hours of evaluation, so a bad path fails now
-        from kbverify.audit import load_exclusions
-
-        exclude = load_exclusions(exclude_path)
-    _require_distinct_samples(entries)
-    chosen = parse_protocols(protocols)
-    if protocol_overrides:
-        chosen = [p.with_overrides(**protocol_overrides.get(p.name, {})) for p in chosen]
-    return _RescorePlan(entries=entries, protocols=chosen, exclude=exclude, skipped=imported.skipped,
-                        tasks_not_found=match.missing)
-
-
-def _refuse_store_conflicts(store_path: Path, units) -> None:
-    """An existing store must read back and hold no other version of these units; a new one is not made yet."""
-    from kbverify.rescore import planned_unit
-    from kbverify.store import Store
-
-    if not store_path.exists():
-        return
-    with Store(store_path) as store:
-        store.refuse_conflicts({unit.key: planned_unit(unit) for unit in units})
-
-
-def _rescore_result(plan: _RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
+def _rescore_result(plan: RescorePlan, units, stored: dict, summary, *, source: Path, store_path: Path,
                     samples: str, report_dir: Path | None, title: str | None, runs: list | None = None,
                     group_by: str | None = None, clock: str = "device") -> dict:
     from kbverify import clocks, present
@@ -240,22 +173,6 @@ def _clock_line(clock: str, missing: int) -> str:
 
     note = clocks.missing_note(clock, missing)
     return (note + "\n") if note else (f"clock: {clock}\n" if clock != clocks.DEFAULT_CLOCK else "")
-
-
-def _require_distinct_samples(entries) -> None:
-    """fast_p takes one sample per task, so two entries that are the same sample of one task are refused up front,
-    not after hours of evaluation."""
-    from kbverify.labels import key as labels_key
-    from kbverify.rescore import entry_task_name
-
-    seen: dict[tuple, str] = {}
-    for entry in entries:
-        key = (entry.level, entry_task_name(entry), entry.sample, entry.labels)
-        if key in seen:
-            labels = f" with labels {labels_key(entry.labels)}" if entry.labels else ""
-            raise InputError(f"entries {seen[key]!r} and {entry.entry_id!r} are both sample {entry.sample} of task "
-                             f"{key[1]}{labels}: give each its own 'sample'")
-        seen[key] = entry.entry_id
 
 
 def resolve_device(device: str) -> str:
@@ -438,10 +355,7 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     With `into`, a copy of the store is written there with the target protocol's own verdicts replaced by the
     rejudged ones (and a note on every run saying so), for `report`; the store itself is never changed."""
     import os
-    import sqlite3
 
-    from kbverify import present, provenance
-    from kbverify.rejudge import rejudge_verdict
     from kbverify.store import Store
 
     if not store_path.exists():
@@ -452,41 +366,65 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
     target = protocols[0]
     with Store(store_path, existing=True) as store:
         store.verdicts()  # a damaged store is refused before a copy of it is made
-    written = None
-    if into is not None:
-        if into.exists():
-            raise InputError(f"{into}: exists; rejudge writes a new store")
-        # SQLite's own backup: a consistent copy even while a rescore is writing the store (a plain file copy
-        # would miss what is still in its write-ahead log); finished under another name, then renamed
-        written = into.with_name(into.name + ".partial")
-        written.unlink(missing_ok=True)
-        source_db, copy_db = sqlite3.connect(store_path), sqlite3.connect(written)
-        try:
-            source_db.backup(copy_db)
-        finally:
-            source_db.close()
-            copy_db.close()
-    with Store(written or store_path, existing=True) as store:
-        rejudged, changes = [], []
+    written = _copy_store(store_path, into) if into is not None else None
+    rejudged, changes = _rejudge_store(written or store_path, target, store_path, write=into is not None)
+    if written is not None:
+        os.replace(written, into)
+    tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
+    return {"text": _rejudge_text(target.name, rejudged, changes, tables, into),
+            "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes, "tables": tables}}
+
+
+def _copy_store(store_path: Path, into: Path) -> Path:
+    """A copy of the store beside `into`, under a name of its own until it is whole (the caller renames it)."""
+    import sqlite3
+
+    if into.exists():
+        raise InputError(f"{into}: exists; rejudge writes a new store")
+    # SQLite's own backup: a consistent copy even while a rescore is writing the store (a plain file copy
+    # would miss what is still in its write-ahead log)
+    written = into.with_name(into.name + ".partial")
+    written.unlink(missing_ok=True)
+    source_db, copy_db = sqlite3.connect(store_path), sqlite3.connect(written)
+    try:
+        source_db.backup(copy_db)
+    finally:
+        source_db.close()
+        copy_db.close()
+    return written
+
+
+def _rejudge_store(path: Path, target, source: Path, *, write: bool) -> tuple[list[Verdict], list[dict]]:
+    """Every verdict of the store at `path` rejudged under `target`, and the status changes. `write`: the store
+    is a copy, whose verdicts of the target protocol are replaced and whose runs are annotated."""
+    from kbverify import provenance
+    from kbverify.rejudge import rejudge_verdict
+    from kbverify.store import Store
+
+    rejudged, changes = [], []
+    with Store(path, existing=True) as store:
         for unit_key, verdict in store.verdicts():
             new = rejudge_verdict(verdict, target)
             if new is None:
                 continue
-            if into is not None and verdict.protocol == target.name:
+            if write and verdict.protocol == target.name:
                 store.replace(unit_key, new)
             rejudged.append(new)
             if new.status is not verdict.status:
                 changes.append({"submission": verdict.submission, "task": verdict.task_name,
                                 "from": verdict.status.value, "to": new.status.value, "message": new.message})
-        if into is not None:
-            store.annotate_runs({"rejudged": target.name, "rejudged_from": str(store_path),
+        if write:
+            store.annotate_runs({"rejudged": target.name, "rejudged_from": str(source),
                                  "by_source_sha256": provenance.source_sha256()})
-    if written is not None:
-        os.replace(written, into)
-    tables = tables_by_protocol(rejudged, P_VALUES, None) if rejudged else {}
+    return rejudged, changes
+
+
+def _rejudge_text(name: str, rejudged: list[Verdict], changes: list[dict], tables: dict, into: Path | None) -> str:
+    from kbverify import present
+
     if tables:
-        text = (f"{len(rejudged)} stored verdicts rejudged under {target.name}'s rules from their raw evidence (no "
-                f"code ran). correct: passes every {target.name} check on the stored input sets. A speedup is "
+        text = (f"{len(rejudged)} stored verdicts rejudged under {name}'s rules from their raw evidence (no "
+                f"code ran). correct: passes every {name} check on the stored input sets. A speedup is "
                 f"recomputed from a verdict's stored timing rounds; a kernel that failed before it was timed has "
                 f"none, and fast_p counts it as not fast.\n" + present.render_fast_p(tables, P_VALUES))
     else:
@@ -495,8 +433,7 @@ def run_rejudge(store_path: Path, protocol_spec: str, into: Path | None = None) 
                     for c in changes)
     if into is not None:
         text += f"rejudged store: {into}\n"
-    return {"text": text, "json": {"protocol": target.name, "rejudged": len(rejudged), "changes": changes,
-                                   "tables": tables}}
+    return text
 
 
 def run_demo(out: Path, progress: Callable[[Progress], None] | None = None) -> dict:

@@ -10,8 +10,9 @@ import dataclasses
 
 from kbverify.protocols import Protocol
 from kbverify.records import SetResult, Verdict
-from kbverify.runner import aggregate_sets, decide_set, decide_timing
-from kbverify.status import Status
+from kbverify import judge
+from kbverify.status import Status, Warn
+from kbverify.timing_verdict import decide_timing
 
 _VERDICT_LEVEL = {Status.COMPILE_ERROR, Status.EXPLOIT_TAMPER, Status.CRASHED, Status.TIMEOUT}
 # Decided by the timing guards alone, from the raw timing record: decided again from it.
@@ -28,6 +29,15 @@ def _wanted(result: SetResult, protocol: Protocol) -> bool:
         return protocol.rerandomized_weights and result.distribution in protocol.loaded_distributions
     return result.weights == "default" or (protocol.rerandomized_weights
                                            and result.distribution in protocol.rerandomized_distributions)
+
+
+def _rejudge_set(result: SetResult, protocol: Protocol) -> SetResult:
+    if not result.guards:
+        # The candidate's record has no entry for the set: what check made of that came from the candidate's
+        # whole record (judge.unrun_set), which a verdict does not keep and no protocol's rules change.
+        return result
+    status, detail = judge.decide_set(result.guards, {"valid": result.valid, **result.errors}, protocol, {})
+    return dataclasses.replace(result, status=status, detail=detail)
 
 
 def _timing_evidence_current(timing: dict) -> bool:
@@ -61,16 +71,14 @@ def rejudge_verdict(verdict: Verdict, protocol: Protocol) -> Verdict | None:
     if missing:
         return dataclasses.replace(base, status=Status.UNVERIFIABLE,
                                    message=f"never measured: distributions {sorted(missing)}")
-    rejudged = []
-    for result in kept:
-        ref = {"valid": result.valid, **result.errors}
-        status, detail = decide_set(result.guards or None, ref, protocol, {})
-        rejudged.append(dataclasses.replace(result, status=status, detail=detail))
-    status, message, _ = aggregate_sets(rejudged, protocol)
-    if status is Status.PASSED and not any(s.valid for s in rejudged):
-        status, message = Status.UNVERIFIABLE, "no valid input set: the reference fails on all of them"
-    new = dataclasses.replace(base, status=status, message=message, sets=tuple(rejudged),
-                              speedup=None, speedup_ci=None, speed_class=None)
-    if status is Status.PASSED and verdict.timing.get("interleaved"):
+    rejudged = [_rejudge_set(result, protocol) for result in kept]
+    # the same end as check's (kbverify.judge.decide_sets); whether the static scan saw half precision is not
+    # stored, only whether an earlier verdict's fp16 warning said so
+    decided = judge.decide_sets(rejudged, protocol, fp16_suspect=Warn.FP16_PATH.value in verdict.warnings)
+    warnings = [w for w in verdict.warnings if w not in judge.SET_WARNINGS] + list(decided.warnings)
+    new = dataclasses.replace(base, status=decided.status, message=decided.message, sets=tuple(rejudged),
+                              warnings=tuple(dict.fromkeys(warnings)), speedup=None, speedup_ci=None,
+                              speed_class=None)
+    if decided.status is Status.PASSED and verdict.timing.get("interleaved"):
         new = decide_timing(new, protocol)
     return new

@@ -346,7 +346,7 @@ def _set_ids(protocol: Protocol, task: Task, hidden_dirs, *, hidden: bool) -> li
 
         committed = hidden_module.committed_shapes(task, list(hidden_dirs))
         if committed is None:
-            from kbverify.runner import hidden_shapes_for
+            from kbverify.input_plan import hidden_shapes_for
 
             committed, _ = hidden_shapes_for(task, list(hidden_dirs))
         shapes += [(shape.label, {}) for shape in committed]

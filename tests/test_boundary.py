@@ -3,6 +3,7 @@ parent–child contract lives in one module both sides import."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +16,8 @@ PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "
                "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
                "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats",
                "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor", "kbverify.counting",
-               "kbverify.summary", "kbverify.report_tables", "kbverify.report_html"]
+               "kbverify.summary", "kbverify.report_tables", "kbverify.report_html", "kbverify.judge",
+               "kbverify.input_plan"]
 CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
               "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
 
@@ -30,6 +32,32 @@ def _imported_after(modules: list[str]) -> set[str]:
 def test_the_parent_side_imports_neither_torch_nor_the_child_side():
     loaded = _imported_after(PARENT_SIDE)
     assert not loaded & CHILD_SIDE, sorted(loaded & CHILD_SIDE)
+
+
+def test_the_judge_imports_neither_torch_nor_the_child_side_nor_what_starts_processes():
+    """Every status is decided from raw records: the judge must load on a machine with nothing to run."""
+    loaded = _imported_after(["kbverify.judge"])
+    child_side = {name for name in loaded if name == "torch" or name.startswith(("torch.", "kbverify.child"))}
+    assert not child_side, sorted(child_side)
+    spawning = {"kbverify.sandbox", "kbverify.supervisor", "kbverify.runner", "subprocess", "multiprocessing"}
+    assert not loaded & spawning, sorted(loaded & spawning)
+
+
+def _code_shape():
+    spec = importlib.util.spec_from_file_location("code_shape", REPO / "scripts" / "code_shape.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_has_no_import_cycles():
+    """Imports at any depth of a module count, as in scripts/code_shape.py, which this reuses."""
+    import ast
+
+    shape = _code_shape()
+    found = shape.modules()
+    graph = {name: shape.imports_of(name, ast.parse(path.read_text()), set(found)) for name, path in found.items()}
+    assert shape.cycles(graph) == []
 
 
 def test_importing_kbverify_starts_nothing_and_loads_nothing_heavy():

@@ -9,7 +9,7 @@ import pytest
 
 from kbverify.errors import InputError
 from kbverify.importers import detect_format, load_entries
-from kbverify.jobs import select_entries
+from kbverify.rescore_plan import select_entries
 from kbverify.references import is_known_reference, known_versions, normalized_hash
 
 CUDA_L1 = Path("/work/shared/corpora/cuda-l1-h100.jsonl")

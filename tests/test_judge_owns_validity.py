@@ -2,7 +2,7 @@
 same inputs and ran the reference, so validity, a missing entry and an unknown skip are decided against it."""
 
 from kbverify.protocols import VERIFIED
-from kbverify.runner import decide_set
+from kbverify.judge import decide_set
 from kbverify.status import Status
 
 

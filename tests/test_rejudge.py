@@ -157,3 +157,54 @@ def test_a_forward_that_draws_random_numbers_keeps_todays_rule_and_says_so():
     assert {s.errors["exact_reference"] for s in verdict.sets if s.valid} == {
         "unavailable (the reference's forward draws random numbers, which a float64 run need not repeat)"}
     assert not any("candidate_vs_fp64" in s.errors for s in verdict.sets)
+
+
+def _verdict_as_check_decides(protocol, candidate: dict, judged: dict, plan) -> Verdict:
+    """A verdict made by the judge's own functions, as check makes it, through the store's representation."""
+    from kbverify import judge
+    from kbverify.records import BuildRecord
+    from kbverify.static import scan
+
+    sets = judge.merge_set_records(plan, candidate, judged, protocol)
+    decided = judge.decide_isolated(sets, candidate, scan("class ModelNew: pass"),
+                                    BuildRecord(native_sources=False, extension_built=None, extension_called=None),
+                                    protocol)
+    verdict = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
+                      protocol=protocol.name, protocol_sha256=protocol.sha256, status=decided.status,
+                      message=decided.message, warnings=decided.warnings, sets=tuple(sets))
+    return Verdict.from_dict(verdict.to_dict())
+
+
+def test_a_set_the_candidate_never_ran_keeps_what_check_made_of_it():
+    """After a fatal error the candidate's record leaves the later sets out; check calls them crashed (the whole
+    record says why), and a rejudge under the same rules must not read them as a record that hid them."""
+    from kbverify.inputs import plan_input_sets
+
+    plan = plan_input_sets(FAST, [("original", {})], secret="s")
+    candidate = {"sets": {plan[0].set_id: {"outputs": {}, "mutated_inputs": [0]}}, "fatal": "CUDA error"}
+    judged = {"sets": {s.set_id: {"valid": True, "comparison": {"outputs": []}} for s in plan}}
+    verdict = _verdict_as_check_decides(FAST, candidate, judged, plan)
+    assert verdict.status is Status.EXPLOIT_INPUT_MUTATION
+    assert {s.status for s in verdict.sets[1:]} == {Status.CRASHED}
+    rejudged = rejudge_verdict(verdict, FAST)
+    assert (rejudged.status, rejudged.message, rejudged.sets) == (verdict.status, verdict.message, verdict.sets)
+
+
+def test_warnings_read_from_the_sets_are_read_again_from_the_sets_kept():
+    """baseline_allowance_used, no_valid_input_sets, shape_specialized and fp16_path say what the sets showed:
+    a rejudge derives them again (kbverify.judge.decide_sets), as check would, and keeps every other warning."""
+    from kbverify.records import SetResult
+
+    def sets(valid: bool):
+        return tuple(SetResult(f"original/{d}/default/s0", "original", d, "default", 1, valid, Status.PASSED,
+                               detail="baseline allowance used", errors={"comparison": {"outputs": []}},
+                               guards={"outputs": {}}) for d in KBV.distributions)
+
+    stored = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
+                     protocol="verified", protocol_sha256="", status=Status.PASSED, sets=sets(True),
+                     warnings=("pytorch_only", "baseline_allowance_used", "threads_started"))
+    rejudged = rejudge_verdict(stored, KBV)
+    assert rejudged.status is Status.PASSED and rejudged.warnings == ("pytorch_only", "threads_started")
+    unjudgeable = rejudge_verdict(dataclasses.replace(stored, sets=sets(False)), KBV)
+    assert unjudgeable.status is Status.UNVERIFIABLE
+    assert unjudgeable.warnings == ("pytorch_only", "threads_started", "no_valid_input_sets")

@@ -130,7 +130,7 @@ def _judged_set(weights: str, status: Status) -> SetResult:
 
 
 def test_a_kernel_wrong_only_on_loaded_weights_is_named_stale_after_load():
-    from kbverify.runner import aggregate_sets
+    from kbverify.judge import aggregate_sets
 
     status, message, _ = aggregate_sets([_judged_set("default", Status.PASSED), _judged_set("rerandomized", Status.PASSED),
                                          _judged_set("loaded", Status.INCORRECT)], VERIFIED)
@@ -197,7 +197,7 @@ def test_construction_never_hands_the_candidates_load_machinery_a_partial_state(
 
 
 def test_fresh_weights_failing_only_off_the_task_shape_are_incorrect_not_shape_specialised():
-    from kbverify.runner import aggregate_sets
+    from kbverify.judge import aggregate_sets
 
     def hidden(weights, status):
         return SetResult(set_id=f"hidden:0/x1/{weights}/s0", shape="hidden:0", distribution="x1", weights=weights,

@@ -1,0 +1,423 @@
+"""The judge: every status of a check decided from raw records, by the same code for `check`, `rescore` and
+`rejudge`. Pure functions of stored dicts and records; nothing here imports torch, the child side, or anything that
+starts a process, so a verdict can be decided again from a store on any machine.
+
+What the runner still decides itself is what needs a process: whether a worker starts on this machine at all (a
+probe, before `death` may blame a child that died without a phase), whether a failed build is the machine's
+(`kbverify.toolchain`), and whether a reference that failed beside the candidate fails alone too. The timing
+guards are `kbverify.timing_verdict.decide_timing`, which also reads only the stored timing record.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kbverify.correctness import ExactEvidence, judge_set
+from kbverify.inputs import InputSet
+from kbverify.protocols import Protocol
+from kbverify.records import BuildRecord, SetResult
+from kbverify.static import StaticScan, classify_build_error
+from kbverify.status import Status, Warn, worst
+from kbverify.timing_verdict import EXCESSIVE_SPEEDUP, _refusal
+
+# Warnings derived from the input sets alone: a rejudge under other rules derives them again from the sets it keeps.
+SET_WARNINGS = (Warn.BASELINE_ALLOWANCE_USED.value, Warn.NO_VALID_INPUT_SETS.value, Warn.SHAPE_SPECIALIZED.value,
+                Warn.FP16_PATH.value)
+# The judge's copy of a set's evidence that a verdict keeps (SetResult.errors), so that the set can be decided again.
+_KEPT_EVIDENCE = ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs", "ref_outputs", "ref_dtypes",
+                  "invalid_reason", "candidate_output_error", "exact_reference", "candidate_vs_fp64",
+                  "baseline_vs_fp64", "moved_vs_fp64")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A verdict's status and what goes with it, before the runner adds what it alone knows."""
+
+    status: Status
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    failing: SetResult | None = None  # the set a reproducer names (the first of the worst failures)
+
+
+@dataclass(frozen=True)
+class KernelbenchDecision:
+    """The original (KernelBench v0.1) protocol's verdict from its one evaluation record."""
+
+    status: Status
+    message: str
+    warnings: tuple[str, ...]
+    build: BuildRecord
+    timing: dict
+    speedup: float | None = None
+    ref_time_ms: float | None = None
+    cand_time_ms: float | None = None
+
+
+# ---- one input set ---------------------------------------------------------------------------------------------
+
+def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protocol: Protocol) -> list[SetResult]:
+    """Join each set's candidate-side guard evidence with the judge's comparison; decide its status."""
+    results = []
+    for input_set in plan:
+        cand = (candidate.get("sets") or {}).get(input_set.set_id)
+        ref = (judge.get("sets") or {}).get(input_set.set_id, {"valid": False, "invalid_reason": "not judged"})
+        errors = {key: ref[key] for key in _KEPT_EVIDENCE if key in ref}
+        # Whether a set is valid is the judge's to say (it drew the same inputs and ran the reference): the
+        # candidate's process claiming it could not draw them is its own failure (decide_set), never a reason
+        # to leave the set out.
+        valid = (bool(ref.get("valid"))
+                 and not str((cand or {}).get("skipped", "")).startswith("weights_not_rerandomized"))
+        status, detail = decide_set(cand, ref, protocol, candidate)
+        results.append(SetResult(set_id=input_set.set_id, shape=input_set.shape, distribution=input_set.distribution,
+                                 weights=input_set.weights, seed=input_set.seed, valid=valid, errors=errors,
+                                 guards=cand or {}, status=status, detail=detail))
+    return results
+
+
+def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_record: dict) -> tuple[Status, str]:
+    """One set: the candidate's guard evidence `cand` (None: its record has no entry for the set) against the
+    judge's record `ref`, under `protocol`. `candidate_record` is the candidate process's whole record."""
+    if candidate_record.get("load_error"):
+        return Status.COMPILE_ERROR, candidate_record["load_error"]
+    if cand is None:
+        return unrun_set(candidate_record)
+    if cand.get("input_error"):
+        if not ref.get("valid"):
+            return _invalid(ref)
+        return Status.RUNTIME_ERROR, ("its process could not draw the inputs the judge drew: "
+                                      + str(cand["input_error"]))
+    if "skipped" in cand:
+        return _skipped_set(cand["skipped"])
+    if cand.get("bad_output"):
+        return Status.INCORRECT, cand["error"]
+    if ref.get("candidate_output_error"):
+        return Status.INCORRECT, "the candidate's output could not be compared: " + ref["candidate_output_error"]
+    if "error" in cand and "outputs" not in cand:
+        if not ref.get("valid"):
+            return _invalid(ref)
+        return (Status.CRASHED if cand.get("fatal") else Status.RUNTIME_ERROR), cand["error"]
+    if protocol.guards:
+        guarded = _guarded_outputs(cand, ref)
+        if guarded is not None:
+            return guarded
+    if not ref.get("valid"):
+        return _invalid(ref)
+    if "comparison" not in ref:
+        outputs = cand.get("outputs", {})
+        if not protocol.guards and (outputs.get("lazy") or outputs.get("no_storage")):
+            return Status.UNVERIFIABLE, "no candidate output to compare"
+        # the set ran in the candidate's process and the judge got nothing for it: whatever stopped the hand-over
+        # (its own code, a file it planted) was on the candidate's side, since the judge's needed nothing of it
+        return Status.EXPLOIT_TAMPER, "the candidate ran this set but handed over no output for it"
+    return _compared(cand, ref, protocol)
+
+
+def unrun_set(candidate_record: dict) -> tuple[Status, str]:
+    """A planned set the candidate's record leaves out. Why is the candidate record's to say, not the set's, and
+    no protocol's rules enter: a rejudge keeps such a set's stored status."""
+    if candidate_record.get("fatal"):
+        return Status.CRASHED, "not run: an earlier set ended the CUDA context: " + candidate_record["fatal"]
+    # its process exited 0 with a record that leaves out a planned set: the harness writes every one
+    return Status.EXPLOIT_TAMPER, "the candidate's record has no entry for this set"
+
+
+def _invalid(ref: dict) -> tuple[Status, str]:
+    return Status.PASSED, "set invalid for this task: " + ref.get("invalid_reason", "")
+
+
+def _skipped_set(reason: str) -> tuple[Status, str]:
+    if reason.startswith(("construct_error", "weights_load_refused")):
+        # the candidate's own code raised: building it, or loading Model's weights laid out as its own
+        return Status.RUNTIME_ERROR, reason
+    if reason.startswith("weights_layout_changed"):
+        return Status.INCORRECT, reason
+    if reason.startswith("weights_not_rerandomized"):
+        # A verified pass needs the re-randomised sets (SPEC §2): parameters that cannot be mapped onto
+        # Model's cannot pass, whatever the candidate's own record says of them afterwards.
+        return Status.UNVERIFIABLE, "parameters_unmapped: " + reason
+    # not a reason the harness gives: only code in the candidate's process could have written it
+    return Status.EXPLOIT_TAMPER, "the candidate's record skips this set for a reason the harness never gives: " + reason
+
+
+def _guarded_outputs(cand: dict, ref: dict) -> tuple[Status, str] | None:
+    """The guards' findings on the candidate's outputs and inputs, or None where they found nothing."""
+    outputs = cand.get("outputs", {})
+    if outputs.get("lazy"):
+        return Status.EXPLOIT_LAZY_OUTPUT, f"output is a {outputs['lazy'][0]['type']}, not a torch.Tensor"
+    if outputs.get("no_storage"):
+        return Status.EXPLOIT_LAZY_OUTPUT, "output tensor has no storage"
+    mutated = set(cand.get("mutated_inputs") or []) - set(ref.get("ref_mutates_inputs") or [])
+    if mutated:
+        return Status.EXPLOIT_INPUT_MUTATION, f"input(s) {sorted(mutated)} changed during the call"
+    ref_aliases = {(a["output"], a["input"]) for a in (ref.get("ref_outputs") or {}).get("aliases_input", [])}
+    aliases = [a for a in outputs.get("aliases_input", []) if (a["output"], a["input"]) not in ref_aliases]
+    if aliases:
+        return Status.EXPLOIT_OUTPUT_ALIAS, f"output {aliases[0]['output']} shares memory with input {aliases[0]['input']}"
+    if "error" in cand:
+        return (Status.CRASHED if cand.get("fatal") else Status.RUNTIME_ERROR), "second run: " + cand["error"]
+    return None
+
+
+def _compared(cand: dict, ref: dict, protocol: Protocol) -> tuple[Status, str]:
+    outcome, detail, allowance = judge_set(ref["comparison"], ref.get("baseline"), protocol,
+                                           ref.get("reference_vs_fp64"), ExactEvidence.from_record(ref))
+    if outcome == "shape_mismatch":
+        return Status.SHAPE_MISMATCH, detail
+    if outcome == "incorrect":
+        return Status.INCORRECT, detail
+    if protocol.guards and cand.get("deterministic") is False:
+        return Status.EXPLOIT_NONDETERMINISTIC, cand.get("determinism_detail", "")
+    return Status.PASSED, detail or ("baseline allowance used" if allowance else "")
+
+
+# ---- the sets together -----------------------------------------------------------------------------------------
+
+def aggregate_sets(sets: list[SetResult], protocol: Protocol) -> tuple[Status, str, SetResult | None]:
+    counted = [s for s in sets if s.valid or s.status is not Status.PASSED]
+    failures = [s for s in counted if s.status is not Status.PASSED]
+    if not failures:
+        return Status.PASSED, "", None
+    original_failures = [s for s in failures if s.shape == "original"]
+    # Wrong off the task's shape only with fresh weights, right there with the default ones: a kernel relying on
+    # the default initialisation (an affine left out) where it thinks it unchecked, not a shape specialisation.
+    weights_only = all(s.weights != "default" for s in failures)
+    if not original_failures and not weights_only and all(not s.status.is_exploit for s in failures):
+        first = failures[0]
+        message = f"shape_specialized: fails hidden shape {first.shape} ({first.set_id}): {first.detail}"
+        if protocol.shape_specialized_fails:
+            return Status.SHAPE_SPECIALIZED, message, first
+        return Status.PASSED, message, first
+    status = worst(s.status for s in failures)
+    first = next(s for s in failures if s.status is status)
+    if all(s.weights == "loaded" for s in failures) and any(s.weights != "loaded" for s in counted):
+        # right with the weights it was built with, wrong once a user loads others: a copy derived from the
+        # weights once (prepacked, folded) and never again. Named so that a reader can tell it from a wrong kernel.
+        return status, (f"stale_after_load: right with the weights given at construction, wrong with weights loaded "
+                        f"afterwards by load_state_dict; {first.set_id}: {first.detail}"), first
+    return status, f"{first.set_id}: {first.detail}", first
+
+
+def decide_sets(sets: list[SetResult], protocol: Protocol, *, fp16_suspect: bool) -> Decision:
+    """The verdict the input sets make, with the warnings read from them. `fp16_suspect`: the static scan found
+    half-precision code (StaticScan.suspicious)."""
+    warnings = []
+    if any(s.detail.startswith("parameters_unmapped") for s in sets):  # derived here, not taken from its record
+        warnings.append(Warn.WEIGHTS_NOT_RERANDOMIZED.value)
+    status, message, failing = aggregate_sets(sets, protocol)
+    if status is Status.PASSED and any("allowance" in s.detail for s in sets):
+        warnings.append(Warn.BASELINE_ALLOWANCE_USED.value)
+    if status is Status.PASSED and not any(s.valid for s in sets):
+        status, message = Status.UNVERIFIABLE, "no valid input set: the reference fails on all of them"
+        warnings.append(Warn.NO_VALID_INPUT_SETS.value)
+    if status is Status.PASSED and message.startswith("shape_specialized"):
+        warnings.append(Warn.SHAPE_SPECIALIZED.value)
+    wide = [s for s in sets if s.distribution == "wide"]
+    if wide and not any(s.valid for s in wide) and fp16_suspect:
+        # the one set that separates fp16 from TF32 is invalid for this task, so an fp16 path goes unseen
+        warnings.append(Warn.FP16_PATH.value)
+    return Decision(status, message, tuple(warnings), failing)
+
+
+def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, build: BuildRecord,
+                    protocol: Protocol) -> Decision:
+    """An isolated protocol's correctness verdict: the candidate process's record, then its sets. A
+    COMPILE_ERROR here is the candidate's load error, which the runner may still find to be the machine's."""
+    warnings = code_path_warnings(static, build)
+    warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
+    if candidate.get("quietly_refused"):
+        warnings.append(Warn.AUDIT_HOOK_DROPPED.value)
+    if protocol.guards and candidate.get("refused"):
+        return Decision(Status.EXPLOIT_TAMPER, "tried what a worker refuses: " + ", ".join(candidate["refused"]),
+                        tuple(warnings))
+    if candidate.get("load_error"):
+        return Decision(Status.COMPILE_ERROR, candidate["load_error"], tuple(warnings))
+    if protocol.guards and candidate.get("tampered"):
+        return Decision(Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(candidate["tampered"][:6]),
+                        tuple(warnings))
+    if candidate.get("threads_started", 0) > 0:
+        warnings.append(Warn.THREADS_STARTED.value)
+    decided = decide_sets(sets, protocol, fp16_suspect="half_precision" in static.suspicious)
+    return Decision(decided.status, decided.message, tuple(dict.fromkeys(warnings + list(decided.warnings))),
+                    decided.failing)
+
+
+def reproducer(protocol: Protocol, secret: str, failing: SetResult | None) -> dict:
+    """What reruns the verdict's deciding set: the protocol, the run's secret, and the failing set's draw."""
+    found = {"protocol": protocol.name, "protocol_sha256": protocol.sha256, "secret": secret}
+    if failing is not None:
+        found.update({"set": failing.set_id, "seed": failing.seed, "shape": failing.shape,
+                      "distribution": failing.distribution, "weights": failing.weights,
+                      "worst": (failing.errors.get("comparison", {}).get("outputs") or [{}])[0].get("worst")})
+    return found
+
+
+# ---- what ran ----------------------------------------------------------------------------------------------------
+
+def build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
+    extensions = extensions or {}
+    attempts = extensions.get("attempts", 0)
+    built = extensions.get("built", 0) > 0 if attempts else (None if not static.native_sources else False)
+    errors = extensions.get("errors") or []
+    error = errors[-1] if errors else ""
+    return BuildRecord(native_sources=static.native_sources, extension_built=built,
+                       extension_called=(extensions.get("calls", 0) > 0) if built else None,
+                       error_class=classify_build_error(error) if error else None, error=error[-3000:],
+                       triton=static.triton, triton_kernels_run=_count_or_none(extensions.get("triton_kernels_run")))
+
+
+def _count_or_none(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
+    warnings: list[str] = []
+    if static.syntax_error:
+        return warnings
+    if static.native_sources and not build.extension_built:
+        warnings.append(Warn.EXTENSION_NOT_BUILT.value)
+    # what ran, where it is known: a triton import whose kernels never compiled is no custom code (an unknown
+    # count keeps the static scan's reading)
+    triton_ran = static.triton and build.triton_kernels_run != 0
+    native_ran = static.native_sources and build.extension_called is not False
+    if not static.has_custom_code or not (triton_ran or native_ran):
+        warnings.append(Warn.PYTORCH_ONLY.value)
+    return warnings
+
+
+def isolation(reported: dict, ran_submission: bool) -> tuple[str, str]:
+    """Degraded if any process that ran the submission's code ran unconfined. `reported`: "isolated" /
+    "degraded" → why, as the submission's workers reported it."""
+    if "degraded" in reported:
+        return "degraded", reported["degraded"]
+    if "isolated" in reported:
+        return "isolated", reported["isolated"]
+    if not ran_submission:
+        # rejected before any process ran its code (it did not parse, has no ModelNew): nothing to confine
+        return "not_run", "no process ran the submission's code"
+    return "degraded", "no process reported how it was confined"
+
+
+# ---- a child that did not report ------------------------------------------------------------------------------
+
+def died_starting_up(outcome) -> bool:
+    """A child (a kbverify.sandbox.ChildOutcome) that died with no phase recorded and not for a timeout: ours
+    unless a worker starts on this machine, which only a probe worker can tell (the runner's to run)."""
+    return not outcome.build_dir_over and not outcome.last_phase and not outcome.timed_out
+
+
+def death(outcome, party: str) -> tuple[Status, str]:
+    """A child that did not report: blame the candidate only if it was running candidate code. Where it died
+    starting up (`died_starting_up`), the caller has seen a probe worker start and finish here.
+
+    The phases are the child's own messages, so once submission code has run (a candidate phase was announced)
+    the ones after it are the submission's to choose: from then on the death is the candidate's whatever phase
+    it last named. Before that the phase record is ours and names the party."""
+    if outcome.build_dir_over:  # the parent's own measure of what the job left on the host's disk
+        return Status.RUNTIME_ERROR, f"its build folder outgrew its bound and was emptied: {outcome.build_dir_over}"
+    tainted = outcome.ran_submission and outcome.submission_phase_seen
+    where = (outcome.last_phase if not tainted or outcome.last_phase.startswith("candidate")
+             else f"{outcome.last_phase} (announced after submission code ran)") or "start-up"
+    if died_starting_up(outcome):
+        where = "a phase it left unrecorded (a probe worker started and finished here)"
+        tainted = tainted or outcome.ran_submission
+    blamed = tainted or _candidate_phase(outcome.trusted_phase or outcome.last_phase, party)
+    if outcome.timed_out:
+        # the reference's own phases are never the candidate's fault, even in the candidate's worker
+        status = Status.TIMEOUT if blamed else Status.UNVERIFIABLE
+        if outcome.stalled_s is not None:
+            return status, (f"no progress for {outcome.stalled_s:.0f} s during {where} (hang budget "
+                            f"{outcome.stall_allowance_s:.0f} s), ended after {outcome.wall_s:.0f} s")
+        return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
+    how = f"signal {outcome.signal}" if outcome.signal else f"exit code {outcome.exit_code}"
+    detail = f"{party} process died during {where} ({how})"
+    tail = (outcome.output_tail or outcome.output_head).strip().splitlines()[-3:]
+    if tail:
+        detail += ": " + " | ".join(tail)[-400:]
+    return (Status.CRASHED if blamed else Status.UNVERIFIABLE), detail
+
+
+def _candidate_phase(phase: str, party: str) -> bool:
+    return phase.startswith("candidate") or (party == "candidate" and not phase.startswith("reference"))
+
+
+# ---- the timed run's record -------------------------------------------------------------------------------------
+
+def timed_failure(record: dict, protocol: Protocol, *, forged: str, stopped: str, exit_code,
+                  reference_fails_alone) -> tuple[Status, str] | None:
+    """What ends an isolated protocol's timing before its rounds are judged (`decide_timing`), or None.
+    `record`: the timing worker's record; `forged`, `stopped`: what the parent found of its replies
+    (kbverify.timing_control); `reference_fails_alone`: called, only where the worker blames the reference, to run
+    the reference without the candidate (a process: the runner's)."""
+    if forged:
+        return Status.EXPLOIT_TAMPER, "the timing worker's replies are not what it measured: " + forged
+    if protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
+        return Status.EXPLOIT_TAMPER, _refusal(record)
+    if protocol.guards and str(record.get("error", "")).startswith("HarnessChanged"):
+        return Status.EXPLOIT_TAMPER, "while timed: " + record["error"]
+    if record.get("load_error") or record.get("error"):
+        # "the reference failed" is the worker's word, and the worker ran submission code: it counts only if
+        # the reference fails alone too
+        if record.get("error_side") == "reference" and reference_fails_alone():
+            return Status.UNVERIFIABLE, "the reference failed while timed: " + record["error"]
+        return Status.RUNTIME_ERROR, "while timed: " + (record.get("load_error") or record.get("error"))
+    if stopped:
+        # The rounds are the parent's to end: a worker that stopped answering and then exited, whatever result it
+        # sent, ended its own timing (a record of its choosing would follow).
+        return Status.CRASHED, (f"while timed: {stopped}; the worker then exited (exit code {exit_code}) before "
+                                f"its rounds were done")
+    return None
+
+
+# ---- the original protocol ----------------------------------------------------------------------------------------
+
+def speedup_of(ref_ms: float, cand_ms: float) -> tuple[float, list[str]]:
+    """A mean-time speedup, as KernelBench reports it, and the warning an implausible one earns."""
+    speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
+    return speedup, [Warn.EXCESSIVE_SPEEDUP.value] if speedup > EXCESSIVE_SPEEDUP else []
+
+
+def decide_kernelbench(record: dict, static: StaticScan) -> KernelbenchDecision:
+    """The original protocol's one evaluation record (its child checks and times in one job). A COMPILE_ERROR
+    here may still be found to be the machine's by the runner."""
+    build = build_record(static, record.get("extensions"))
+    warnings = code_path_warnings(static, build)
+    if record.get("namespace_rebind"):
+        warnings.append(Warn.NAMESPACE_REBIND.value)
+    status, message = kernelbench_status(record)
+    timing = {"kernelbench": {key: record.get(key) for key in ("times_ms", "runtime_stats", "runtime_ms",
+                                                                "input_shapes", "error_during_performance")},
+              "trials": record.get("trials"), "namespace_rebind": record.get("namespace_rebind")}
+    speedup = ref_ms = cand_ms = None
+    if status is Status.PASSED and record.get("runtime_ms"):
+        baseline = record.get("baseline") or {}
+        if "runtime_ms" not in baseline:
+            status, message = Status.UNVERIFIABLE, "the reference could not be timed: " + baseline.get("error", "")
+        else:
+            timing["baseline"] = baseline
+            ref_ms, cand_ms = baseline["runtime_ms"], record["runtime_ms"]
+            speedup, excessive = speedup_of(ref_ms, cand_ms)
+            warnings += excessive
+            if baseline.get("input_shapes") != record.get("input_shapes"):
+                timing["input_shapes_differ"] = True
+    return KernelbenchDecision(status, message, tuple(dict.fromkeys(warnings)), build, timing, speedup, ref_ms,
+                               cand_ms)
+
+
+def kernelbench_status(record: dict) -> tuple[Status, str]:
+    if not record.get("compiled"):
+        return Status.COMPILE_ERROR, record.get("compilation_error", "")
+    if record.get("runtime_error"):
+        return Status.RUNTIME_ERROR, record["runtime_error"]
+    if record.get("correctness_issue") == "shape_mismatch":
+        shape = next((t["shape_mismatch"] for t in record.get("trials", []) if "shape_mismatch" in t), "")
+        return Status.SHAPE_MISMATCH, shape
+    if not record.get("correctness"):
+        failed = [t for t in record.get("trials", []) if not t.get("passed")]
+        detail = f"{record.get('correctness_trials', '')} trials passed"
+        if failed:
+            detail += f"; max difference {failed[0].get('max_difference')}"
+        return Status.INCORRECT, detail
+    if record.get("error_during_performance"):
+        return Status.RUNTIME_ERROR, "failed while timed: " + record["error_during_performance"]
+    return Status.PASSED, ""
