@@ -370,7 +370,7 @@ def test_out_of_memory_is_an_error_to_rerun_never_an_invalid_set(tmp_path):
 def test_report_only_runs_nothing_and_shows_what_the_partial_file_lacks(tmp_path, monkeypatch):
     """A cut-short audit reported as such: the finished task from the partial file, the one that failed with its
     recorded error, the one never reached as not audited; no worker starts."""
-    import kbverify.audit as audit_module
+    import kbverify.audit.run as audit_module
 
     tasks = [load_task(_write(tmp_path, f"level1/{i}_ReLU", TASKS["level1/10_ReLU_rand"])) for i in (1, 2, 3)]
     prefix = tmp_path / "audits" / "run"

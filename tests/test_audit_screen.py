@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from kbverify import correctness
 from kbverify.child import audit_worker
-from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
-                            judged_protocols)
+from kbverify.audit import (AuditSettings, AuditThresholds, assess, judged_protocols, resolve_protocols,
+                            with_identity_variants)
 from kbverify.child.exact import moved_spread, summarize_within_moved
 from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
 from kbverify.protocols import KBV, ORIGINAL, VERIFIED
@@ -353,7 +353,7 @@ def _audit(task, protocols, *, shortcuts: bool = True) -> dict:
     """One task's worker record, in this process; without the shortcuts every kernel is tracked under every
     protocol, compared in full on every set, and every family is run, as before they existed."""
     settings = AuditSettings(hidden_shapes=False, seeds=2)
-    judged = _with_identity_variants(protocols, settings.distributions)
+    judged = with_identity_variants(protocols, settings.distributions)
     payload = {"task_source": task.source, "task_name": task.name, "device": "cpu",
                "settings": settings.worker_dict(), "protocols": [p.to_dict() for p in judged],
                "committed_shapes": None}
@@ -387,7 +387,7 @@ def tasks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_the_shortcuts_change_no_flag_and_no_evidence(tasks, name):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     task = tasks[name]
     exact = _audit(task, protocols, shortcuts=False)
     fast = _audit(task, protocols)
@@ -401,7 +401,7 @@ def test_the_shortcuts_change_no_flag_and_no_evidence(tasks, name):
 
 
 def test_the_near_threshold_tasks_land_on_both_sides(tasks):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     flags = {name: set(_verdict(tasks[name], _audit(tasks[name], protocols), protocols)[0])
              for name in ("1_Zeros_inside", "2_Zeros_outside_rarely", "3_Zeros_outside_off_sample",
                           "4_Ones_inside", "6_Input_outside_rarely")}
@@ -413,7 +413,7 @@ def test_the_near_threshold_tasks_land_on_both_sides(tasks):
 
 
 def test_a_weightless_deterministic_task_replays_and_a_weighted_one_runs(tasks):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     softmax = _audit(tasks["9_Softmax"], protocols)["raw"]
     linear = _audit(tasks["10_Linear"], protocols)["raw"]
     assert softmax["families"][1]["note"].startswith("replayed")
@@ -539,7 +539,7 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
 def test_the_fractions_are_taken_only_on_the_sets_the_mostly_rules_read(tasks):
     """audit._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
     elsewhere the worker skips those passes, replayed families included, and every other statistic stays."""
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     for name in ("9_Softmax", "10_Linear"):  # a replayed re-randomised family and a run one
         raw = _audit(tasks[name], protocols)["raw"]
         read = [s for s in raw["sets"] if (s["shape"], s["weights"], s["distribution"]) == ("original", "default", "x1")]

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict, read_by_mostly
+from kbverify.audit.protocols import covers, protocol_from_dict, read_by_mostly
+from kbverify.audit.records import NEAR_ATOLS
 from kbverify.correctness import (CHUNK_ELEMENTS, certainly_rejects, flatten_outputs, judge_set, screen,
                                   summarize)
 from kbverify.child.evaluate import build_reference, set_inputs, shape_namespaces
