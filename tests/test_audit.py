@@ -310,15 +310,12 @@ def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
     finished; merging leaves one line per task and removes the copies' files."""
     from kbverify.audit import finished_keys, merge_partials, settings_fingerprint
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import audit_kernelbench
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from kbverify.audit.copies import claimer
+
     tasks = [load_task(_write(tmp_path, name, TASKS[source])) for name, source in
              (("level1/1_Linear", "level1/13_Linear"), ("level1/2_ReLU", "level1/10_ReLU_rand"))]
     settings = AuditSettings(hidden_shapes=False, timeout_s=120)
-    claims = audit_kernelbench.claimer(tmp_path / "claims", set())
+    claims = claimer(tmp_path / "claims", set())
     taken_by_first = []
 
     def first_takes_one(task):

@@ -131,6 +131,12 @@ def audit_to_json_summary(report: AuditReport) -> dict:
                        "thresholds": report.thresholds.to_dict()})
 
 
+def summary_lines(summary: dict) -> list[str]:
+    """One line per task of `audit_to_json_summary`'s output, for the command's text output."""
+    return [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
+            for t in summary["tasks"]]
+
+
 def load_exclusions(audit_json_path: str | Path, *, protocol: str | None = None) -> set[str]:
     """Task identifiers to exclude: each excluded task as "levelL/NAME" and as its bare file name "NAME".
 

@@ -7,6 +7,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify.audit.judge import assess
@@ -42,16 +43,69 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
     if isinstance(tasks, (str, Path)):
         title = title or Path(tasks).name
         tasks = load_task_dir(tasks)
-    settings = settings or AuditSettings()
-    thresholds = thresholds or AuditThresholds()
+    plan = _plan(protocols, device, out_prefix, settings or AuditSettings(), thresholds or AuditThresholds(),
+                 resume=resume, run=run)
+    if run:
+        start_early(timing=False)  # audit workers never run the interleaved timing (sandbox.TIMING_PRELOAD)
+    started = time.monotonic()
+    audits: list[TaskAudit] = []
+    lines: list[dict] = []
+    queue = list(tasks)
+    index = 0
+    while queue:
+        picked = _next_task(queue, plan.done, claim)
+        if picked is None:  # every task left is deferred: wait for memory to free up
+            time.sleep(DEFERRED_WAIT_S)
+            continue
+        task, verdict = picked
+        queue.remove(task)
+        index += 1
+        if verdict == "elsewhere":
+            continue
+        line = _line_for(task, plan, release if verdict == "claimed" else None)
+        lines.append(line)
+        audit = assess(task, line, protocols=plan.protocols, thresholds=plan.thresholds,
+                       distributions=plan.settings.distributions, resumed=task.key in plan.done)
+        audits.append(audit)
+        _log_audit(audit, index, len(tasks))
+        if progress is not None:
+            progress(index, len(tasks), audit)
+    report = AuditReport(tasks=tuple(audits), protocols=tuple(p.name for p in plan.protocols),
+                         thresholds=plan.thresholds, settings=plan.settings, device=device,
+                         wall_s=time.monotonic() - started,
+                         title=title or (Path(out_prefix).name if out_prefix is not None else "audit"),
+                         provenance=_provenance(lines))
+    if out_prefix is not None:
+        write_report(report, out_prefix)
+    return report
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every task of one `audit_tasks` call shares: the settings, the protocols as the worker and the judge
+    take them, and the partial file's state when the audit started."""
+
+    protocols: list[Protocol]
+    judged: list[Protocol]  # the protocols plus their every-distribution variants, as the worker tracks them
+    device: str
+    settings: AuditSettings
+    thresholds: AuditThresholds
+    worker_settings: dict
+    judged_by: dict[str, list[str]]
+    fingerprint: str
+    partial: Path | None
+    done: dict[str, dict]  # key → a finished line of these settings, resumed
+    failed: dict[str, dict]  # key → a line without a result (only read when nothing runs)
+    run: bool
+
+
+def _plan(protocols: Sequence[Protocol | str], device: str, out_prefix: str | Path | None, settings: AuditSettings,
+          thresholds: AuditThresholds, *, resume: bool, run: bool) -> _Plan:
     if thresholds.timing_min_us > settings.timing_decided_us:
         # the worker stops timing once the median is decided up to timing_decided_us, not beyond
         raise InputError(f"timing_min_us {thresholds.timing_min_us:g} is above the {settings.timing_decided_us:g} µs "
                          "the timing flag is decided up to (AuditSettings.timing_decided_us)")
     protocols = resolve_protocols(protocols)
-    judged = with_identity_variants(protocols, settings.distributions)
-    worker_settings = settings.worker_dict()
-    judged_by = null_kernel_protocols(protocols, settings)
     fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
     done = read_partial(partial, fingerprint) if (partial is not None and resume) else {}
@@ -61,49 +115,31 @@ def audit_tasks(tasks: Sequence[Task] | str | Path, *, protocols: Sequence[Proto
         partial.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             partial.write_text("")
-    if run:
-        start_early(timing=False)  # audit workers never run the interleaved timing (sandbox.TIMING_PRELOAD)
-    started = time.monotonic()
-    audits: list[TaskAudit] = []
-    lines: list[dict] = []
-    queue = list(tasks)
-    index = 0
-    while queue:
-        picked = _next_task(queue, done, claim)
-        if picked is None:  # every task left is deferred: wait for memory to free up
-            time.sleep(DEFERRED_WAIT_S)
-            continue
-        task, verdict = picked
-        queue.remove(task)
-        index += 1
-        if verdict == "elsewhere":
-            continue
-        line = done.get(task.key)
-        if line is None and not run:
-            line = failed.get(task.key) or {"key": task.key, "raw": None, "wall_s": 0.0,
-                                            "error": "not audited: no result in the partial file"}
-        elif line is None:
-            line = _run_claimed(task, worker_settings, judged, device, settings.timeout_s, judged_by,
-                                release if verdict == "claimed" else None)
-            line["settings_sha256"] = fingerprint
-            if partial is not None:
-                append_line(partial, line)
-        lines.append(line)
-        audit = assess(task, line, protocols=protocols, thresholds=thresholds, distributions=settings.distributions,
-                       resumed=task.key in done)
-        audits.append(audit)
-        log.info("[%d/%d] %s%s: %s%s (%.1f s)", index, len(tasks), audit.task, " (resumed)" if audit.resumed else "",
-                 "DEGENERATE " if audit.degenerate else "", ", ".join(audit.flags) or audit.error or "no flags",
-                 audit.wall_s)
-        if progress is not None:
-            progress(index, len(tasks), audit)
-    report = AuditReport(tasks=tuple(audits), protocols=tuple(p.name for p in protocols), thresholds=thresholds,
-                         settings=settings, device=device, wall_s=time.monotonic() - started,
-                         title=title or (Path(out_prefix).name if out_prefix is not None else "audit"),
-                         provenance=_provenance(lines))
-    if out_prefix is not None:
-        write_report(report, out_prefix)
-    return report
+    return _Plan(protocols=protocols, judged=with_identity_variants(protocols, settings.distributions),
+                 device=device, settings=settings, thresholds=thresholds, worker_settings=settings.worker_dict(),
+                 judged_by=null_kernel_protocols(protocols, settings), fingerprint=fingerprint, partial=partial,
+                 done=done, failed=failed, run=run)
+
+
+def _line_for(task: Task, plan: _Plan, release: Callable[[Task], None] | None) -> dict:
+    """The task's partial-file line: resumed, run now (and appended), or, when nothing runs, its last error."""
+    line = plan.done.get(task.key)
+    if line is None and not plan.run:
+        line = plan.failed.get(task.key) or {"key": task.key, "raw": None, "wall_s": 0.0,
+                                             "error": "not audited: no result in the partial file"}
+    elif line is None:
+        line = _run_claimed(task, plan.worker_settings, plan.judged, plan.device, plan.settings.timeout_s,
+                            plan.judged_by, release)
+        line["settings_sha256"] = plan.fingerprint
+        if plan.partial is not None:
+            append_line(plan.partial, line)
+    return line
+
+
+def _log_audit(audit: TaskAudit, index: int, total: int) -> None:
+    log.info("[%d/%d] %s%s: %s%s (%.1f s)", index, total, audit.task, " (resumed)" if audit.resumed else "",
+             "DEGENERATE " if audit.degenerate else "", ", ".join(audit.flags) or audit.error or "no flags",
+             audit.wall_s)
 
 
 def _next_task(queue: list[Task], done: dict, claim) -> tuple[Task, str] | None:
