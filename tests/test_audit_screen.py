@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbverify import correctness
-from kbverify.child import audit_worker
+from kbverify.child import audit_dead, audit_tensors, audit_worker
 from kbverify.audit import (AuditSettings, AuditThresholds, assess, judged_protocols, resolve_protocols,
                             with_identity_variants)
 from kbverify.child.exact import moved_spread, summarize_within_moved
@@ -296,31 +296,31 @@ def test_the_screen_keeps_a_kernel_that_only_float64_finds_right():
 
 def test_chunked_statistics_equal_the_whole_tensor_ones(monkeypatch):
     x = torch.randn(37, 211, generator=torch.Generator().manual_seed(1)) * 0.02
-    whole = audit_worker._tensor_stats(x)
-    monkeypatch.setattr(audit_worker, "CHUNK_ELEMENTS", 1000)
-    chunked = audit_worker._tensor_stats(x)
+    whole = audit_tensors._tensor_stats(x)
+    monkeypatch.setattr(audit_tensors, "CHUNK_ELEMENTS", 1000)
+    chunked = audit_tensors._tensor_stats(x)
     assert chunked.pop("mean") == pytest.approx(whole.pop("mean"), rel=1e-12)
     assert chunked == whole
     for bad in (math.nan, math.inf, -math.inf):
         y = x.clone()
         y[30, 5] = bad  # in a later chunk
         y[2, 2] = bad
-        assert audit_worker._tensor_stats(y)["nonfinite"] == 2
-        assert "max_abs" not in audit_worker._tensor_stats(y)
+        assert audit_tensors._tensor_stats(y)["nonfinite"] == 2
+        assert "max_abs" not in audit_tensors._tensor_stats(y)
 
 
 def test_chunked_norms_and_the_equal_fast_path(monkeypatch):
     generator = torch.Generator().manual_seed(2)
     a = [torch.randn(50, 97, generator=generator), torch.randn(7, generator=generator)]
     b = [a[0] + 1e-3 * torch.randn(50, 97, generator=generator), a[1].clone()]
-    whole = audit_worker._diff_norms(a, b)
+    whole = audit_tensors._diff_norms(a, b)
     assert whole[2] == float((a[0] - b[0]).abs().max())
-    monkeypatch.setattr(audit_worker, "CHUNK_ELEMENTS", 300)
-    assert audit_worker._diff_norms(a, b) == pytest.approx(whole, rel=1e-12)
-    assert audit_worker._diff_norms(a, [t.clone() for t in a])[0::2] == (0.0, 0.0)
-    assert audit_worker._mean(a[0]) == pytest.approx(float(a[0].double().mean()), rel=1e-12)
+    monkeypatch.setattr(audit_tensors, "CHUNK_ELEMENTS", 300)
+    assert audit_tensors._diff_norms(a, b) == pytest.approx(whole, rel=1e-12)
+    assert audit_tensors._diff_norms(a, [t.clone() for t in a])[0::2] == (0.0, 0.0)
+    assert audit_tensors._mean(a[0]) == pytest.approx(float(a[0].double().mean()), rel=1e-12)
     infinite = [torch.tensor([1.0, math.inf])]
-    assert math.isnan(audit_worker._diff_norms(infinite, [infinite[0].clone()])[2])  # inf − inf, as before
+    assert math.isnan(audit_tensors._diff_norms(infinite, [infinite[0].clone()])[2])  # inf − inf, as before
 
 
 # ---- whole audits with and without the shortcuts ------------------------------------------------------------
@@ -443,7 +443,7 @@ def test_the_dead_check_does_not_import_sympy():
 
     program = """
 import sys, torch
-from kbverify.child import audit_worker
+from kbverify.child import audit_dead
 before = "sympy" in sys.modules
 model = torch.nn.Linear(8, 4)
 class Context:
@@ -452,7 +452,7 @@ class Context:
         self.model = model
     def inputs(self, meta):
         return [torch.randn(3, 8)]
-found = audit_worker._gradient_sensitivity(Context(), {"seed": 1})
+found = audit_dead._gradient_sensitivity(Context(), {"seed": 1})
 assert found["error"] == "", found
 print(before or "sympy" not in sys.modules)
 """
@@ -484,7 +484,7 @@ def test_the_projection_drawn_again_gives_the_gradient_a_stored_projection_gives
     stored = torch.Generator().manual_seed(5)
     r = torch.randn(o.shape, generator=stored)
     generator = torch.Generator().manual_seed(5)
-    loss = audit_worker._Projection.apply(o, generator)
+    loss = audit_dead._Projection.apply(o, generator)
     loss.backward()
     assert torch.equal(o.grad, r)  # bit for bit: the gradient of ⟨o, r⟩ is r
     assert torch.allclose(loss, (o.detach() * r).sum())
@@ -500,7 +500,7 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
     from kbverify.tasks import parse_task
 
     namespace = shape_namespaces(parse_task(source, name="1_InPlace"), [{"shape": "original", "overrides": {}}])
-    found = audit_worker._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
+    found = audit_dead._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
     assert found["gradient_error"] == ""
     (entry,) = found["inputs"]
     assert (entry["sensitivity"] == 0.0) is dead and entry["sensitivity"] is not None
@@ -521,16 +521,16 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
     def dead(namespace_source):
         namespace = shape_namespaces(parse_task(namespace_source, name="1_Scaled"),
                                      [{"shape": "original", "overrides": {}}])["original"]
-        return audit_worker._dead_check(namespace, AuditSettings().worker_dict(), torch.device("cpu"))
+        return audit_dead._dead_check(namespace, AuditSettings().worker_dict(), torch.device("cpu"))
 
     on_leaves = dead(source)
-    original = audit_worker._forward_on_leaves
+    original = audit_dead._forward_on_leaves
 
     def always_clones(context, meta, leaves, inputs):
         return original(context, meta, leaves, [leaf.clone() if leaf is not None else value
                                                 for leaf, value in zip(leaves, inputs)])
 
-    monkeypatch.setattr(audit_worker, "_forward_on_leaves", always_clones)
+    monkeypatch.setattr(audit_dead, "_forward_on_leaves", always_clones)
     on_clones = dead(source)
     assert on_leaves["inputs"][0]["sensitivity"] is not None
     assert json.dumps(on_leaves, sort_keys=True) == json.dumps(on_clones, sort_keys=True)
