@@ -94,7 +94,8 @@ def read_peaks(path: Path | None, *, fingerprint: str | None = None, gpu: str | 
 def update_peaks(path: Path, partial: Path, fingerprint: str) -> str:
     """The file keeps each task's latest recorded peak (the newest code's) under these settings; records of other
     settings are left out, and a run under other settings or on another kind of GPU starts the file over."""
-    records = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()] if partial.exists() else []
+    text = partial.read_text() if partial.exists() else ""
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
     records = [r for r in records if not r.get("error") and (r.get("raw") or {}).get("gpu")
                and r.get("settings_sha256") == fingerprint]
     if not records:
