@@ -537,7 +537,7 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
 
 
 def test_the_fractions_are_taken_only_on_the_sets_the_mostly_rules_read(tasks):
-    """audit._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
+    """judge._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
     elsewhere the worker skips those passes, replayed families included, and every other statistic stays."""
     protocols = resolve_protocols(PROTOCOLS)
     for name in ("9_Softmax", "10_Linear"):  # a replayed re-randomised family and a run one
