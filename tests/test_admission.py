@@ -282,3 +282,27 @@ def test_the_committed_peaks_file_matches_the_settings_of_the_kernelbench_audit_
                            hidden_tests=Path("hidden_tests/kernelbench"), hidden_dirs=("hidden_tests/kernelbench",))
     data = read_peaks(REPO / "audits" / "kernelbench.peaks.json", fingerprint=options.fingerprint(), gpu="NVIDIA H200")
     assert len(data["peaks_reserved_bytes"]) == 250
+
+
+def test_the_audit_command_asks_for_copies_only_through_its_own_options(tmp_path):
+    """`kbverify audit` with none of the copies' options is the one-at-a-time audit (None: jobs.run_audit runs it);
+    --gpus on a CUDA device means ten copies a GPU unless told otherwise; the copies need --out."""
+    from kbverify.audit.options import DEFAULT_PER_GPU, audit_options
+    from kbverify.errors import InputError
+
+    common = dict(tasks=tmp_path, device="cuda:0", protocol="original", hidden_tests=None, hidden_dirs=(),
+                  verbose=False)
+    nothing = dict(levels=None, gpus=None, per_gpu=None, shard=None, fresh=None, mps=None)
+    assert audit_options(out=None, given=nothing, **common) is None
+    options = audit_options(out=tmp_path / "a", given={**nothing, "gpus": 2, "levels": "2,1"}, **common)
+    assert options.per_gpu == DEFAULT_PER_GPU and options.levels == (1, 2) and options.sharded
+    on_cpu = audit_options(out=tmp_path / "a", given={"gpus": 1}, **{**common, "device": "cpu"})
+    assert on_cpu.per_gpu == 1 and not on_cpu.sharded
+    with pytest.raises(InputError, match="--gpus needs --out"):
+        audit_options(out=None, given={"gpus": 2}, **common)
+    with pytest.raises(InputError, match="--levels"):
+        audit_options(out=tmp_path / "a", given={"levels": "one"}, **common)
+    with pytest.raises(InputError, match="at least 1"):
+        audit_options(out=tmp_path / "a", given={"gpus": 0}, **common)
+    with pytest.raises(InputError, match="--footprints"):
+        audit_options(out=tmp_path / "a", given={"estimate_only": True}, **common)
