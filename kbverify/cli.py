@@ -168,6 +168,28 @@ def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or Ke
         raise typer.Exit(3)  # fast_p over fewer units than the runs planned
 
 
+AUDIT_COPIES_HELP = {
+    "levels": "only these levels, e.g. 1,2,3",
+    "seeds": "input seeds at the tasks' own shapes (3)",
+    "timeout": "seconds per task (900)",
+    "no_hidden": "audit the tasks' own shapes only",
+    "fresh": "ignore OUT.partial.jsonl",
+    "gpus": "copies of the audit on this many GPUs of this host, sharing the task list (needs --out)",
+    "per_gpu": "copies sharing each GPU (default: 10 on a CUDA device with --gpus, else 1); memory admission "
+               "decides which run at once",
+    "memory_budget_gib": "device memory the copies on one GPU may reserve in all (default: 0.85 of its total; on "
+                         "a CPU, no admission without it)",
+    "memory_factor": "an audit's expected peak over its tensors' bytes, for admission",
+    "footprints": "a JSON cache of the tasks' footprints by content hash: read, and completed",
+    "peaks": "a JSON file of recorded peak memory by content hash: used for admission, updated with this run's",
+    "mps": "copies sharing a GPU run under a private CUDA MPS daemon (on by default where available)",
+    "retry_per_gpu": "copies per GPU that audit again what failed among many (2)",
+    "estimate_only": "fill --footprints; audit nothing",
+    "report_only": "run nothing: merge the copies' partial files and report what they hold",
+    "published": "compare with KernelBench's published lists",
+}
+
+
 @app.command()
 def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
           protocol: str = typer.Option("original,kbv,verified", "--protocol"),
@@ -175,18 +197,54 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
           device: str = typer.Option("auto", "--device"),
           hidden_tests: Optional[Path] = typer.Option(None, "--hidden-tests"),
           json_out: bool = typer.Option(False, "--json"),
-          verbose: bool = typer.Option(False, "-v", "--verbose")):
+          verbose: bool = typer.Option(False, "-v", "--verbose"),
+          levels: Optional[str] = typer.Option(None, "--levels", help=AUDIT_COPIES_HELP["levels"]),
+          seeds: Optional[int] = typer.Option(None, "--seeds", help=AUDIT_COPIES_HELP["seeds"]),
+          timeout: Optional[float] = typer.Option(None, "--timeout", help=AUDIT_COPIES_HELP["timeout"]),
+          no_hidden: bool = typer.Option(False, "--no-hidden", help=AUDIT_COPIES_HELP["no_hidden"]),
+          fresh: bool = typer.Option(False, "--fresh", help=AUDIT_COPIES_HELP["fresh"]),
+          gpus: Optional[int] = typer.Option(None, "--gpus", help=AUDIT_COPIES_HELP["gpus"]),
+          per_gpu: Optional[int] = typer.Option(None, "--per-gpu", help=AUDIT_COPIES_HELP["per_gpu"]),
+          memory_budget_gib: Optional[float] = typer.Option(None, "--memory-budget-gib",
+                                                            help=AUDIT_COPIES_HELP["memory_budget_gib"]),
+          memory_factor: Optional[float] = typer.Option(None, "--memory-factor",
+                                                        help=AUDIT_COPIES_HELP["memory_factor"]),
+          footprints: Optional[Path] = typer.Option(None, "--footprints", help=AUDIT_COPIES_HELP["footprints"]),
+          peaks: Optional[Path] = typer.Option(None, "--peaks", help=AUDIT_COPIES_HELP["peaks"]),
+          mps: Optional[bool] = typer.Option(None, "--mps/--no-mps", help=AUDIT_COPIES_HELP["mps"]),
+          retry_per_gpu: Optional[int] = typer.Option(None, "--retry-per-gpu",
+                                                      help=AUDIT_COPIES_HELP["retry_per_gpu"]),
+          estimate_only: bool = typer.Option(False, "--estimate-only", help=AUDIT_COPIES_HELP["estimate_only"]),
+          report_only: bool = typer.Option(False, "--report-only", help=AUDIT_COPIES_HELP["report_only"]),
+          published: bool = typer.Option(False, "--published", help=AUDIT_COPIES_HELP["published"]),
+          shard: Optional[str] = typer.Option(None, "--shard", hidden=True),  # K/N: copy K of N
+          claims: Optional[Path] = typer.Option(None, "--claims", hidden=True)):  # the copies' shared claims
     """Find degenerate and trivially passable tasks."""
     _setup_logging(verbose)
     from kbverify import jobs, validate
+    from kbverify.audit.command import run_audit_options
+    from kbverify.audit.options import audit_options
     from kbverify.progress import Reporter
 
     validate.audit(tasks=tasks, protocol=protocol, out=out, device=device, hidden_tests=hidden_tests)
     _start_workers(timing=False)  # audit workers never time the interleaved way
-    with Reporter() as progress:
-        result = jobs.run_audit(tasks, protocols=protocol, out=out, device=jobs.resolve_device(device),
-                                hidden_dirs=validate.hidden_folders(hidden_tests), progress=progress)
-    if json_out:
+    device = jobs.resolve_device(device)
+    hidden_dirs = validate.hidden_folders(hidden_tests)
+    options = audit_options(
+        tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests, hidden_dirs=hidden_dirs,
+        verbose=verbose, given=dict(
+            levels=levels, seeds=seeds, timeout_s=timeout, hidden_shapes=False if no_hidden else None,
+            fresh=fresh or None, gpus=gpus, per_gpu=per_gpu, memory_budget_gib=memory_budget_gib,
+            memory_factor=memory_factor, footprints=footprints, peaks=peaks, mps=mps, retry_per_gpu=retry_per_gpu,
+            estimate_only=estimate_only or None, report_only=report_only or None,
+            compare_published=published or None, shard=shard, claims=claims))
+    if options is not None:
+        result = run_audit_options(options)
+    else:
+        with Reporter() as progress:
+            result = jobs.run_audit(tasks, protocols=protocol, out=out, device=device, hidden_dirs=hidden_dirs,
+                                    progress=progress)
+    if json_out and result["json"] is not None:
         _emit(result["json"])
     else:
         sys.stdout.write(result["text"])

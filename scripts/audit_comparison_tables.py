@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from audit_kernelbench import PUBLISHED  # noqa: E402
+from kbverify.audit.published import PUBLISHED  # noqa: E402
 
 COLUMNS = {"KernelBench-Verified": "KernelBench-Verified exclusions (constant output)",
            "#165": "KernelBench issue #165 (zeros pass at 1e-2)",

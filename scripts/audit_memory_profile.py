@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from kbverify import correctness  # noqa: E402
-from kbverify.child import audit_worker, worker  # noqa: E402
+from kbverify.child import audit_tensors, worker  # noqa: E402
 from kbverify.audit import AuditSettings, worker_payload  # noqa: E402
 from kbverify.child.evaluate import shape_namespaces  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--hidden", action="store_true", help="also the task's generated hidden shapes")
     args = parser.parse_args()
     if args.chunk_elements:
-        correctness.CHUNK_ELEMENTS = audit_worker.CHUNK_ELEMENTS = args.chunk_elements
+        correctness.CHUNK_ELEMENTS = audit_tensors.CHUNK_ELEMENTS = args.chunk_elements
     task = load_task(args.task)
     payload = worker_payload(task, protocols=["original", "kbv", "verified"],
                              settings=AuditSettings(hidden_shapes=args.hidden), device="cpu")

@@ -65,7 +65,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from kbverify import correctness, hidden
-from kbverify.child import audit_worker, evaluate, worker
+from kbverify.child import audit_dead, audit_family, audit_nulls, audit_tensors, audit_worker, evaluate, worker
+
+AUDIT_CHILD_MODULES = (audit_worker, audit_family, audit_nulls, audit_dead, audit_tensors)
 from kbverify.audit import AuditSettings, worker_payload
 from kbverify.hidden import _tensors  # every tensor in a nested argument
 from kbverify.tasks import execute_task, load_task, parse_task
@@ -223,10 +225,19 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
             return wrapper
         return decorate
 
+    def replace(name, replacement):
+        """`name` replaced in every audit child module that looks it up (the worker is split over several)."""
+        for module in AUDIT_CHILD_MODULES:
+            if hasattr(module, name):
+                stack.enter_context(mock.patch.object(module, name, replacement))
+
     def patch(owner, name, label):
+        if owner is audit_worker:
+            replace(name, labelled(label)(getattr(next(m for m in AUDIT_CHILD_MODULES if hasattr(m, name)), name)))
+            return
         stack.enter_context(mock.patch.object(owner, name, labelled(label)(getattr(owner, name))))
 
-    context_type = audit_worker._FamilyContext
+    context_type = audit_family._FamilyContext
     original_call = context_type.call
 
     def call(self, model, inputs, meta):
@@ -236,14 +247,14 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
             return original_call(self, model, inputs, meta)
 
     stack.enter_context(mock.patch.object(context_type, "call", call))
-    original_leaves = audit_worker._forward_on_leaves
+    original_leaves = audit_dead._forward_on_leaves
 
     def forward_on_leaves(context, meta, leaves, inputs):
         with where.under("forward_grad"):
             mode.count("forwards", sub="forward_grad")
             return original_leaves(context, meta, leaves, inputs)
 
-    stack.enter_context(mock.patch.object(audit_worker, "_forward_on_leaves", forward_on_leaves))
+    replace("_forward_on_leaves", forward_on_leaves)
     original_backward = torch.Tensor.backward
 
     def backward(self, *a, **k):
@@ -257,7 +268,7 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
         mode.count("cuda_synchronize")
 
     if args.as_cuda:
-        stack.enter_context(mock.patch.object(audit_worker, "synchronize", synchronize))
+        replace("synchronize", synchronize)
     patch(context_type, "inputs", "draw_inputs")
     patch(context_type, "low_precision_model", "lowp_model_copy")
     for name, label in (("_tensor_stats", "tensor_stats"), ("_max_abs_diff", "max_abs_diff"),
@@ -287,10 +298,10 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
                                     for b in baseline]
                     finally:
                         mode.paused = False
-                record["tf32"][meta["set_id"]] = audit_worker.summarize(output, baseline)
+                record["tf32"][meta["set_id"]] = audit_family.summarize(output, baseline)
         return record["tf32"][meta["set_id"]]
 
-    stack.enter_context(mock.patch.object(audit_worker, "_tf32_summary", tf32_summary))
+    replace("_tf32_summary", tf32_summary)
     original_reference_set = audit_worker._reference_set
 
     def reference_set(context, meta, settings, record):
@@ -301,7 +312,7 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
                 tf32_summary(context, meta, output, record)
             return output, stats
 
-    stack.enter_context(mock.patch.object(audit_worker, "_reference_set", reference_set))
+    replace("_reference_set", reference_set)
 
     def timing(namespace, settings, device):
         """`_timing`'s device work: the model built, one input set drawn, warm-up and timed calls, the tiny
@@ -323,7 +334,7 @@ def instrument(stack: contextlib.ExitStack, where: Where, mode: WorkCounter, arg
                     tiny.add_(1.0)
             mode.count("cuda_synchronize", calls - settings["timing_warmup_calls"] + 1)
 
-    stack.enter_context(mock.patch.object(audit_worker, "_timing", timing))
+    replace("_timing", timing)
 
 
 # ---- shrinking a task ------------------------------------------------------------------------------------------
@@ -508,7 +519,7 @@ def main() -> int:
             print(f"largest tensor: {real} elements real, {small} shrunk (x{ratio:.1f})")
             if real > correctness.CHUNK_ELEMENTS:
                 chunk = max(1, int(correctness.CHUNK_ELEMENTS / ratio))
-                correctness.CHUNK_ELEMENTS = audit_worker.CHUNK_ELEMENTS = chunk
+                correctness.CHUNK_ELEMENTS = audit_tensors.CHUNK_ELEMENTS = chunk
                 print(f"CHUNK_ELEMENTS -> {chunk} (as many chunks as at the real size)")
             if args.scale_samples and ratio > 1:
                 correctness.SCREEN_SAMPLE = max(1, int(correctness.SCREEN_SAMPLE / ratio))

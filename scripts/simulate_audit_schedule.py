@@ -4,10 +4,10 @@
         [--factors 4,3.5,3.25,3] [--budgets 0.85,0.9] [--device-gib 139.8]
 
 Each task keeps the wall time it took in the recorded run; its reservation is the factor times its tensors' bytes
-(FOOTPRINTS.json, as `audit_kernelbench.py --footprints` writes it, keyed by content hash). Tasks are taken largest
+(FOOTPRINTS.json, as `kbverify audit --gpus N --footprints` writes it, keyed by content hash). Tasks are taken largest
 need first; a copy starts the first one whose need fits beside what runs (a need over the budget runs alone), as
-`audit_kernelbench.py` does. Prints the makespan per factor and budget. The walls were measured under the recorded
-run's contention, which another schedule changes, so read the differences, not the absolute times.
+`kbverify audit --gpus N` does (`kbverify.audit.copies`). Prints the makespan per factor and budget. The walls
+were measured under the recorded run's contention, which another schedule changes, so read the differences, not the absolute times.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def read_tasks(partial: Path, footprints: Path) -> list[tuple[str, float, float]
     for line in lines:
         footprint = sizes.get(line["sha256"], {})
         tensor = sum(footprint.get(part) or 0 for part in ("input_bytes", "parameter_bytes", "output_bytes"))
-        # an unknown footprint counts as the largest and runs alone, as in audit_kernelbench.py
+        # an unknown footprint counts as the largest and runs alone, as in kbverify.audit.copies
         unknown = footprint.get("status", "unknown") == "unknown"
         tasks.append((line["key"], math.inf if unknown else tensor / GIB, float(line["wall_s"])))
     return tasks

@@ -1,5 +1,5 @@
 """Memory admission for the sharded audit: the meta-device estimate and its fallbacks, the reservation ledger,
-and copies of scripts/audit_kernelbench.py that never run two heavy tasks at once."""
+and copies of `kbverify audit --gpus` that never run two heavy tasks at once."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.admission import MemoryLedger
-from kbverify.footprint import (
+from kbverify.audit.admission import MemoryLedger
+from kbverify.audit.footprint import (
     AUDIT_MEMORY_FACTOR,
     Footprint,
     audit_need_bytes,
@@ -131,9 +131,9 @@ def test_copies_never_run_two_heavy_tasks_at_once_and_audit_each_task_once(tmp_p
         _write(tmp_path / "tasks", name, _task(forward, "[torch.rand(8, 64)]"))
     prefix = tmp_path / "out" / "audit"
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "audit_kernelbench.py"), str(tmp_path / "tasks"), str(prefix),
+        [sys.executable, "-m", "kbverify", "audit", str(tmp_path / "tasks"), "--out", str(prefix), "-v",
          "--device", "cpu", "--levels", "1", "--protocol", "original", "--seeds", "1", "--no-hidden",
-         "--timeout", "120", "--per-gpu", "3", "--retry-per-gpu", "0", "--memory-budget-gib", "0.015"],
+         "--timeout", "120", "--gpus", "1", "--per-gpu", "3", "--retry-per-gpu", "0", "--memory-budget-gib", "0.015"],
         check=False, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -151,34 +151,28 @@ def test_copies_never_run_two_heavy_tasks_at_once_and_audit_each_task_once(tmp_p
 
 
 def test_memory_check_reports_the_audits_whose_peak_exceeded_their_estimate(tmp_path):
-    import importlib.util
+    from kbverify.audit.memory import memory_check
 
-    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     partial = tmp_path / "run.partial.jsonl"
     lines = [{"key": "level1/1_A@aa", "raw": {"peak_memory_bytes": {"reserved": 3 << 30}}},
              {"key": "level1/2_B@bb", "raw": {"peak_memory_bytes": {"reserved": 1 << 30}}},
              {"key": "level1/3_C@cc", "raw": None, "error": "out of memory"}]
     partial.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    text = script.memory_check(partial, {"level1/1_A@aa": 2 << 30, "level1/2_B@bb": 2 << 30, "level1/3_C@cc": 1})
+    text = memory_check(partial, {"level1/1_A@aa": 2 << 30, "level1/2_B@bb": 2 << 30, "level1/3_C@cc": 1})
     assert "2 recorded peaks" in text and "worst peak/estimate 1.50 (level1/1_A)" in text
     assert "1 over their estimate: level1/1_A 1.50" in text
-    assert "no recorded peaks" in script.memory_check(tmp_path / "missing.jsonl", {})
+    assert "no recorded peaks" in memory_check(tmp_path / "missing.jsonl", {})
 
 
 def test_gpu_samples_summary_reads_nvidia_smi_rows_and_skips_the_rest():
-    import importlib.util
+    from kbverify.audit.gpu_sampler import summarize_gpu_samples
 
-    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     rows = ["2026/11/29 23:00:0%d.000, 0, %d, %d" % (i, busy, mib)
             for i, (busy, mib) in enumerate([(100, 1024), (95, 40960), (30, 2048), (0, 512)])]
-    text = script.summarize_gpu_samples("\n".join(rows + ["[N/A], 0, [N/A], [N/A]", ""]))
+    text = summarize_gpu_samples("\n".join(rows + ["[N/A], 0, [N/A], [N/A]", ""]))
     assert text == ("gpu: 4 samples, utilization median 95%, at least 90% in 50% of them, below 50% in 50%; "
                     "memory used max 40.0 GiB")
-    assert script.summarize_gpu_samples("") == "gpu: no utilization samples"
+    assert summarize_gpu_samples("") == "gpu: no utilization samples"
 
 
 def test_the_footprint_cache_is_filled_once_and_then_read_instead_of_measuring(tmp_path):
@@ -188,8 +182,8 @@ def test_the_footprint_cache_is_filled_once_and_then_read_instead_of_measuring(t
                                       "        return x * 2\n\n\ndef get_inputs():\n    return [torch.rand(256, 256)]\n\n\n"
                                       "def get_init_inputs():\n    return []\n")
     cache = tmp_path / "footprints.json"
-    command = [sys.executable, str(REPO / "scripts" / "audit_kernelbench.py"), str(tmp_path / "tasks"),
-               str(tmp_path / "out" / "kb"), "--device", "cpu", "--levels", "1", "--memory-budget-gib", "1",
+    command = [sys.executable, "-m", "kbverify", "audit", str(tmp_path / "tasks"), "-v",
+               "--out", str(tmp_path / "out" / "kb"), "--device", "cpu", "--levels", "1", "--memory-budget-gib", "1",
                "--footprints", str(cache), "--estimate-only"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
@@ -228,7 +222,7 @@ def test_the_schedule_replay_serializes_what_does_not_fit_together():
 
 
 def test_a_recorded_peak_replaces_the_estimate_and_the_latest_record_of_a_task_wins():
-    from kbverify.footprint import PEAK_MARGIN, recorded_peaks
+    from kbverify.audit.footprint import PEAK_MARGIN, recorded_peaks
 
     fp = Footprint(status="full", input_bytes=1 << 30, parameter_bytes=0, output_bytes=1 << 30)
     assert audit_need_bytes(fp, 4.0) == 8 << 30
@@ -245,11 +239,9 @@ def test_a_recorded_peak_replaces_the_estimate_and_the_latest_record_of_a_task_w
 
 
 def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path):
-    import importlib.util
+    from kbverify.audit import memory as script
+    from kbverify.errors import InputError
 
-    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     peaks = tmp_path / "peaks.json"
     assert script.read_peaks(peaks) == {"peaks_reserved_bytes": {}}  # none yet: the estimates decide
     partial = tmp_path / "run.partial.jsonl"
@@ -274,7 +266,7 @@ def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path)
     assert script.read_peaks(peaks, fingerprint="S")["peaks_reserved_bytes"] == {"c": 3}
     for broken in ('{"something": "else"}', "[1, 2]", '{"format": "%s"}' % script.PEAKS_FORMAT, "{not json"):
         peaks.write_text(broken)
-        with pytest.raises(SystemExit):
+        with pytest.raises(InputError):
             script.read_peaks(peaks)
 
 
@@ -283,14 +275,34 @@ def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path)
 def test_the_committed_peaks_file_matches_the_settings_of_the_kernelbench_audit_command():
     """audits/kernelbench.peaks.json is read only by a run whose settings fingerprint it carries: the one NOTES.md
     gives (`--hidden-tests hidden_tests/kernelbench`, the default seeds and protocols, on a CUDA device)."""
-    import argparse
-    import importlib.util
+    from kbverify.audit.memory import read_peaks
+    from kbverify.audit.options import AuditOptions
 
-    spec = importlib.util.spec_from_file_location("audit_kernelbench", REPO / "scripts" / "audit_kernelbench.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    args = argparse.Namespace(seeds=3, no_hidden=False, timeout=900.0, hidden_tests=[Path("hidden_tests/kernelbench")])
-    fingerprint = script.settings_fingerprint(protocols=script.parse_protocols("original,kbv,verified"),
-                                              device="cuda", settings=script._settings(args))
-    data = script.read_peaks(REPO / "audits" / "kernelbench.peaks.json", fingerprint=fingerprint, gpu="NVIDIA H200")
+    options = AuditOptions(tasks=Path("KernelBench"), out_prefix=Path("audits/kernelbench"), device="cuda",
+                           hidden_tests=Path("hidden_tests/kernelbench"), hidden_dirs=("hidden_tests/kernelbench",))
+    data = read_peaks(REPO / "audits" / "kernelbench.peaks.json", fingerprint=options.fingerprint(), gpu="NVIDIA H200")
     assert len(data["peaks_reserved_bytes"]) == 250
+
+
+def test_the_audit_command_asks_for_copies_only_through_its_own_options(tmp_path):
+    """`kbverify audit` with none of the copies' options is the one-at-a-time audit (None: jobs.run_audit runs it);
+    --gpus on a CUDA device means ten copies a GPU unless told otherwise; the copies need --out."""
+    from kbverify.audit.options import DEFAULT_PER_GPU, audit_options
+    from kbverify.errors import InputError
+
+    common = dict(tasks=tmp_path, device="cuda:0", protocol="original", hidden_tests=None, hidden_dirs=(),
+                  verbose=False)
+    nothing = dict(levels=None, gpus=None, per_gpu=None, shard=None, fresh=None, mps=None)
+    assert audit_options(out=None, given=nothing, **common) is None
+    options = audit_options(out=tmp_path / "a", given={**nothing, "gpus": 2, "levels": "2,1"}, **common)
+    assert options.per_gpu == DEFAULT_PER_GPU and options.levels == (1, 2) and options.sharded
+    on_cpu = audit_options(out=tmp_path / "a", given={"gpus": 1}, **{**common, "device": "cpu"})
+    assert on_cpu.per_gpu == 1 and not on_cpu.sharded
+    with pytest.raises(InputError, match="--gpus needs --out"):
+        audit_options(out=None, given={"gpus": 2}, **common)
+    with pytest.raises(InputError, match="--levels"):
+        audit_options(out=tmp_path / "a", given={"levels": "one"}, **common)
+    with pytest.raises(InputError, match="at least 1"):
+        audit_options(out=tmp_path / "a", given={"gpus": 0}, **common)
+    with pytest.raises(InputError, match="--footprints"):
+        audit_options(out=tmp_path / "a", given={"estimate_only": True}, **common)

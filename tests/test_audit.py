@@ -310,15 +310,12 @@ def test_copies_share_the_task_list_through_claims_and_merge_once(tmp_path):
     finished; merging leaves one line per task and removes the copies' files."""
     from kbverify.audit import finished_keys, merge_partials, settings_fingerprint
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import audit_kernelbench
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from kbverify.audit.copies import claimer
+
     tasks = [load_task(_write(tmp_path, name, TASKS[source])) for name, source in
              (("level1/1_Linear", "level1/13_Linear"), ("level1/2_ReLU", "level1/10_ReLU_rand"))]
     settings = AuditSettings(hidden_shapes=False, timeout_s=120)
-    claims = audit_kernelbench.claimer(tmp_path / "claims", set())
+    claims = claimer(tmp_path / "claims", set())
     taken_by_first = []
 
     def first_takes_one(task):
@@ -370,7 +367,7 @@ def test_out_of_memory_is_an_error_to_rerun_never_an_invalid_set(tmp_path):
 def test_report_only_runs_nothing_and_shows_what_the_partial_file_lacks(tmp_path, monkeypatch):
     """A cut-short audit reported as such: the finished task from the partial file, the one that failed with its
     recorded error, the one never reached as not audited; no worker starts."""
-    import kbverify.audit as audit_module
+    import kbverify.audit.run as audit_module
 
     tasks = [load_task(_write(tmp_path, f"level1/{i}_ReLU", TASKS["level1/10_ReLU_rand"])) for i in (1, 2, 3)]
     prefix = tmp_path / "audits" / "run"

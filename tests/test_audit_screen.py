@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbverify import correctness
-from kbverify.child import audit_worker
-from kbverify.audit import (AuditSettings, AuditThresholds, _resolve, _with_identity_variants, assess,
-                            judged_protocols)
+from kbverify.child import audit_dead, audit_tensors, audit_worker
+from kbverify.audit import (AuditSettings, AuditThresholds, assess, judged_protocols, resolve_protocols,
+                            with_identity_variants)
 from kbverify.child.exact import moved_spread, summarize_within_moved
 from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
 from kbverify.protocols import KBV, ORIGINAL, VERIFIED
@@ -296,31 +296,31 @@ def test_the_screen_keeps_a_kernel_that_only_float64_finds_right():
 
 def test_chunked_statistics_equal_the_whole_tensor_ones(monkeypatch):
     x = torch.randn(37, 211, generator=torch.Generator().manual_seed(1)) * 0.02
-    whole = audit_worker._tensor_stats(x)
-    monkeypatch.setattr(audit_worker, "CHUNK_ELEMENTS", 1000)
-    chunked = audit_worker._tensor_stats(x)
+    whole = audit_tensors._tensor_stats(x)
+    monkeypatch.setattr(audit_tensors, "CHUNK_ELEMENTS", 1000)
+    chunked = audit_tensors._tensor_stats(x)
     assert chunked.pop("mean") == pytest.approx(whole.pop("mean"), rel=1e-12)
     assert chunked == whole
     for bad in (math.nan, math.inf, -math.inf):
         y = x.clone()
         y[30, 5] = bad  # in a later chunk
         y[2, 2] = bad
-        assert audit_worker._tensor_stats(y)["nonfinite"] == 2
-        assert "max_abs" not in audit_worker._tensor_stats(y)
+        assert audit_tensors._tensor_stats(y)["nonfinite"] == 2
+        assert "max_abs" not in audit_tensors._tensor_stats(y)
 
 
 def test_chunked_norms_and_the_equal_fast_path(monkeypatch):
     generator = torch.Generator().manual_seed(2)
     a = [torch.randn(50, 97, generator=generator), torch.randn(7, generator=generator)]
     b = [a[0] + 1e-3 * torch.randn(50, 97, generator=generator), a[1].clone()]
-    whole = audit_worker._diff_norms(a, b)
+    whole = audit_tensors._diff_norms(a, b)
     assert whole[2] == float((a[0] - b[0]).abs().max())
-    monkeypatch.setattr(audit_worker, "CHUNK_ELEMENTS", 300)
-    assert audit_worker._diff_norms(a, b) == pytest.approx(whole, rel=1e-12)
-    assert audit_worker._diff_norms(a, [t.clone() for t in a])[0::2] == (0.0, 0.0)
-    assert audit_worker._mean(a[0]) == pytest.approx(float(a[0].double().mean()), rel=1e-12)
+    monkeypatch.setattr(audit_tensors, "CHUNK_ELEMENTS", 300)
+    assert audit_tensors._diff_norms(a, b) == pytest.approx(whole, rel=1e-12)
+    assert audit_tensors._diff_norms(a, [t.clone() for t in a])[0::2] == (0.0, 0.0)
+    assert audit_tensors._mean(a[0]) == pytest.approx(float(a[0].double().mean()), rel=1e-12)
     infinite = [torch.tensor([1.0, math.inf])]
-    assert math.isnan(audit_worker._diff_norms(infinite, [infinite[0].clone()])[2])  # inf − inf, as before
+    assert math.isnan(audit_tensors._diff_norms(infinite, [infinite[0].clone()])[2])  # inf − inf, as before
 
 
 # ---- whole audits with and without the shortcuts ------------------------------------------------------------
@@ -353,7 +353,7 @@ def _audit(task, protocols, *, shortcuts: bool = True) -> dict:
     """One task's worker record, in this process; without the shortcuts every kernel is tracked under every
     protocol, compared in full on every set, and every family is run, as before they existed."""
     settings = AuditSettings(hidden_shapes=False, seeds=2)
-    judged = _with_identity_variants(protocols, settings.distributions)
+    judged = with_identity_variants(protocols, settings.distributions)
     payload = {"task_source": task.source, "task_name": task.name, "device": "cpu",
                "settings": settings.worker_dict(), "protocols": [p.to_dict() for p in judged],
                "committed_shapes": None}
@@ -387,7 +387,7 @@ def tasks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_the_shortcuts_change_no_flag_and_no_evidence(tasks, name):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     task = tasks[name]
     exact = _audit(task, protocols, shortcuts=False)
     fast = _audit(task, protocols)
@@ -401,7 +401,7 @@ def test_the_shortcuts_change_no_flag_and_no_evidence(tasks, name):
 
 
 def test_the_near_threshold_tasks_land_on_both_sides(tasks):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     flags = {name: set(_verdict(tasks[name], _audit(tasks[name], protocols), protocols)[0])
              for name in ("1_Zeros_inside", "2_Zeros_outside_rarely", "3_Zeros_outside_off_sample",
                           "4_Ones_inside", "6_Input_outside_rarely")}
@@ -413,7 +413,7 @@ def test_the_near_threshold_tasks_land_on_both_sides(tasks):
 
 
 def test_a_weightless_deterministic_task_replays_and_a_weighted_one_runs(tasks):
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     softmax = _audit(tasks["9_Softmax"], protocols)["raw"]
     linear = _audit(tasks["10_Linear"], protocols)["raw"]
     assert softmax["families"][1]["note"].startswith("replayed")
@@ -443,7 +443,7 @@ def test_the_dead_check_does_not_import_sympy():
 
     program = """
 import sys, torch
-from kbverify.child import audit_worker
+from kbverify.child import audit_dead
 before = "sympy" in sys.modules
 model = torch.nn.Linear(8, 4)
 class Context:
@@ -452,7 +452,7 @@ class Context:
         self.model = model
     def inputs(self, meta):
         return [torch.randn(3, 8)]
-found = audit_worker._gradient_sensitivity(Context(), {"seed": 1})
+found = audit_dead._gradient_sensitivity(Context(), {"seed": 1})
 assert found["error"] == "", found
 print(before or "sympy" not in sys.modules)
 """
@@ -484,7 +484,7 @@ def test_the_projection_drawn_again_gives_the_gradient_a_stored_projection_gives
     stored = torch.Generator().manual_seed(5)
     r = torch.randn(o.shape, generator=stored)
     generator = torch.Generator().manual_seed(5)
-    loss = audit_worker._Projection.apply(o, generator)
+    loss = audit_dead._Projection.apply(o, generator)
     loss.backward()
     assert torch.equal(o.grad, r)  # bit for bit: the gradient of ⟨o, r⟩ is r
     assert torch.allclose(loss, (o.detach() * r).sum())
@@ -500,7 +500,7 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
     from kbverify.tasks import parse_task
 
     namespace = shape_namespaces(parse_task(source, name="1_InPlace"), [{"shape": "original", "overrides": {}}])
-    found = audit_worker._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
+    found = audit_dead._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
     assert found["gradient_error"] == ""
     (entry,) = found["inputs"]
     assert (entry["sensitivity"] == 0.0) is dead and entry["sensitivity"] is not None
@@ -521,25 +521,25 @@ def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_cl
     def dead(namespace_source):
         namespace = shape_namespaces(parse_task(namespace_source, name="1_Scaled"),
                                      [{"shape": "original", "overrides": {}}])["original"]
-        return audit_worker._dead_check(namespace, AuditSettings().worker_dict(), torch.device("cpu"))
+        return audit_dead._dead_check(namespace, AuditSettings().worker_dict(), torch.device("cpu"))
 
     on_leaves = dead(source)
-    original = audit_worker._forward_on_leaves
+    original = audit_dead._forward_on_leaves
 
     def always_clones(context, meta, leaves, inputs):
         return original(context, meta, leaves, [leaf.clone() if leaf is not None else value
                                                 for leaf, value in zip(leaves, inputs)])
 
-    monkeypatch.setattr(audit_worker, "_forward_on_leaves", always_clones)
+    monkeypatch.setattr(audit_dead, "_forward_on_leaves", always_clones)
     on_clones = dead(source)
     assert on_leaves["inputs"][0]["sensitivity"] is not None
     assert json.dumps(on_leaves, sort_keys=True) == json.dumps(on_clones, sort_keys=True)
 
 
 def test_the_fractions_are_taken_only_on_the_sets_the_mostly_rules_read(tasks):
-    """audit._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
+    """judge._mostly reads the near-zero and near-mean fractions of the own shape's default-weight x1 sets alone;
     elsewhere the worker skips those passes, replayed families included, and every other statistic stays."""
-    protocols = _resolve(PROTOCOLS)
+    protocols = resolve_protocols(PROTOCOLS)
     for name in ("9_Softmax", "10_Linear"):  # a replayed re-randomised family and a run one
         raw = _audit(tasks[name], protocols)["raw"]
         read = [s for s in raw["sets"] if (s["shape"], s["weights"], s["distribution"]) == ("original", "default", "x1")]

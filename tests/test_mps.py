@@ -107,17 +107,15 @@ def test_no_control_program_means_no_mps(tmp_path, monkeypatch):
 
 
 def test_a_terminated_audit_still_tells_its_daemon_to_quit(tmp_path):
-    """`timeout` ends the audit with SIGTERM: the script's MPS block unwinds and the daemon is told to quit."""
+    """`timeout` ends the audit with SIGTERM: the copies' MPS block unwinds and the daemon is told to quit."""
     bin_dir = _fake_control(tmp_path)
     code = textwrap.dedent(f"""\
-        import importlib.util, sys, time, types
-        spec = importlib.util.spec_from_file_location("audit_kernelbench", {str(REPO / 'scripts' / 'audit_kernelbench.py')!r})
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
+        import sys, time, types
         import kbverify.mps
+        from kbverify.audit.copies import sharing
         kbverify.mps.DEFAULT_PROBE = {PROBE_NEEDS_THE_PIPE!r}
-        args = types.SimpleNamespace(mps=True, device="cuda", out_prefix={str(tmp_path / 'out')!r})
-        with script._sharing(args) as state:
+        options = types.SimpleNamespace(mps=True, device="cuda", on_cuda=True, out_prefix={str(tmp_path / 'out')!r})
+        with sharing(options) as state:
             assert state.used, state.reason
             print("inside", flush=True)
             time.sleep(60)

@@ -1,6 +1,6 @@
 """The audit's child side: run one task's reference over many input sets and return raw numbers.
 
-Everything a threshold applies to is measured here and returned unjudged; `kbverify.audit` decides the flags.
+Everything a threshold applies to is measured here and returned unjudged; `kbverify.audit.judge` decides the flags.
 One child per task keeps a broken or huge task from taking the audit down, and keeps the work in one place:
 the reference runs over seeds × distributions × weight regimes (× hidden shapes), each output is reduced to
 statistics right away, and only two earlier outputs are kept alive (the anchor of its family and the previous
@@ -15,13 +15,13 @@ every live protocol rejects the kernel (`correctness.certainly_rejects`), the ke
 as its evidence. The worker only uses `judge_set` to decide what to compute next; the parent re-judges every
 recorded summary.
 
-Outputs of 10⁹ elements are reduced in chunks (`CHUNK_ELEMENTS`), never copied whole to float64.
+Outputs of 10⁹ elements are reduced in chunks (`kbverify.child.audit_tensors`), never copied whole to float64. The
+null kernels are in `audit_nulls`, the dead-input check in `audit_dead`, what they share in `audit_family`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
 import re
 import statistics
@@ -30,29 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kbverify.audit import NEAR_ATOLS, covers, protocol_from_dict, read_by_mostly
-from kbverify.correctness import (CHUNK_ELEMENTS, certainly_rejects, flatten_outputs, judge_set, screen,
-                                  summarize)
+from kbverify.audit.protocols import protocol_from_dict, read_by_mostly
+from kbverify.child.audit_dead import _dead_check
+from kbverify.child.audit_family import (_copy_tf32, _FamilyContext, _OutOfMemory, _set_id, _stop_if_out_of_memory,
+                                         _tf32_summary)
+from kbverify.child.audit_nulls import _NullKernels
+from kbverify.child.audit_tensors import _FRACTION_STATS, _diff_norms, _max_abs_diff, _nan_max, _tensor_stats
 from kbverify.child.evaluate import build_reference, set_inputs, shape_namespaces
-from kbverify.inputs import derive_seed
 from kbverify.child.precision import set_tf32
-from kbverify.child.worker import announce, device_from, is_cuda_fatal, set_seed, short_error, synchronize, task_from
-
-_LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class _OutOfMemory(Exception):
-    """The device (or host) ran out of memory: a fact about this machine's load at that moment, not about the task."""
-
-
-_OUT_OF_MEMORY_MARKERS = ("out of memory", "alloc_failed", "cudaerrormemoryallocation", "can't allocate memory")
-
-
-def _stop_if_out_of_memory(error: BaseException) -> None:
-    if isinstance(error, _OutOfMemory):
-        raise error
-    if isinstance(error, MemoryError) or any(marker in str(error).lower() for marker in _OUT_OF_MEMORY_MARKERS):
-        raise _OutOfMemory(short_error(error, 300)) from error
+from kbverify.child.worker import announce, device_from, is_cuda_fatal, short_error, task_from
 
 
 def audit_job(payload: dict) -> dict:
@@ -323,41 +309,6 @@ def _replay_family(marks: _Marks, record: dict, nulls: "_NullKernels", device) -
         nulls.replay(meta, entry["set_id"], record)
 
 
-def _set_id(shape: str, distribution: str, weights: str, seed_index: int) -> str:
-    return f"{shape}/{distribution}/{weights}/s{seed_index}"
-
-
-def _copy_tf32(record: dict, source: str, target: str) -> dict | None:
-    if source in record["tf32"]:
-        record["tf32"][target] = copy.deepcopy(record["tf32"][source])
-    return record["tf32"].get(target)
-
-
-class _FamilyContext:
-    """What the null kernels and the TF32 baseline need to re-run a set: namespace, model, device."""
-
-    def __init__(self, namespace, model, device):
-        self.namespace = namespace
-        self.model = model
-        self.device = device
-        self._low_precision: dict = {}
-
-    def inputs(self, meta: dict) -> list:
-        return set_inputs(self.namespace, meta, self.device)
-
-    def call(self, model, inputs, meta) -> list:
-        set_seed(derive_seed(str(meta["seed"]), "call"))
-        with torch.no_grad():
-            output = flatten_outputs(model(*inputs))
-        synchronize(self.device)
-        return output
-
-    def low_precision_model(self, name: str):
-        if name not in self._low_precision:
-            self._low_precision[name] = copy.deepcopy(self.model).to(_LOW_PRECISION[name])
-        return self._low_precision[name]
-
-
 def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: dict) -> tuple[list | None, list]:
     """Run the reference on one set, record its statistics; the output (None when it is not finite) and them."""
     output = context.call(context.model, context.inputs(meta), meta)
@@ -388,324 +339,10 @@ def _reference_set(context: _FamilyContext, meta: dict, settings: dict, record: 
     return output, stats
 
 
-def _tf32_summary(context: _FamilyContext, meta: dict, output: list, record: dict) -> dict | None:
-    """The TF32 baseline's error against the exact reference on this set (GPU only, computed once)."""
-    if context.device.type != "cuda":
-        return None
-    if meta["set_id"] not in record["tf32"]:
-        set_tf32(matmul=True, cudnn=True)
-        try:
-            baseline = context.call(context.model, context.inputs(meta), meta)
-        finally:
-            set_tf32(matmul=False, cudnn=False)
-        record["tf32"][meta["set_id"]] = summarize(output, baseline)
-    return record["tf32"][meta["set_id"]]
-
-
 # ---- null kernels ------------------------------------------------------------------------------------------
-
-class _NullKernels:
-    def __init__(self, names, protocols, low_precision_seeds: int, *, judged_by: dict | None = None,
-                 screened: bool = True):
-        """`judged_by`: kernel → the names of the protocols the parent judges it by (default: all of them);
-        `screened`: try `correctness.screen` before each full comparison (off only to show it changes nothing)."""
-        self.names = list(names)
-        self.low_precision_seeds = low_precision_seeds
-        self.protocols = protocols
-        every = {p.name for p in protocols}
-        judged_by = judged_by or {}
-        self.alive = {name: every & set(judged_by.get(name, every)) for name in self.names}
-        self.checks: dict[str, list] = {name: [] for name in self.names}
-        self.notes: dict[str, str] = {}
-        self.errors: dict[str, str] = {}
-        self.screened = screened
-
-    def wants_previous(self) -> bool:
-        """Whether a kernel built from another seed's output can still be checked."""
-        return any(self.alive.get(name) for name in ("other_seed", "other_seed_mean"))
-
-    def check(self, context: _FamilyContext, meta: dict, output: list, previous: list | None, record: dict):
-        covering = [p for p in self.protocols if covers(p, meta["shape"], meta["distribution"], meta["weights"])]
-        for name in self.names:
-            live = [p for p in covering if p.name in self.alive[name]]
-            if not live:
-                continue
-            if name in _LOW_PRECISION and meta["seed_index"] >= self.low_precision_seeds:
-                # Reported only, never a reason to exclude a task, and the costliest null kernel (a second model
-                # in bf16/fp16 and a full comparison per set): the first seeds of every (shape, distribution,
-                # weights) set are its evidence; `sets_checked` in the report says how many sets that was.
-                continue
-            announce(f"audit:null:{name}:{meta['set_id']}")
-            try:
-                candidate = self._output(name, context, meta, output, previous)
-            except BaseException as error:  # noqa: BLE001 - a null kernel that cannot run passes nothing
-                _stop_if_out_of_memory(error)
-                self.errors[name] = f"{meta['set_id']}: " + short_error(error, 300)
-                self.alive[name].clear()
-                if is_cuda_fatal(error):
-                    raise
-                continue
-            if isinstance(candidate, str):
-                self.notes[name] = candidate
-                self.alive[name].clear()
-                continue
-            if candidate is None:
-                continue
-            baseline = None
-            if any(p.rule == "verified" for p in live):
-                baseline = _tf32_summary(context, meta, output, record)
-            sample = screen(output, candidate) if self.screened else None
-            if sample is not None and all(certainly_rejects(sample, baseline, p) for p in live):
-                # Every protocol still alive rejects it whatever the elements not sampled hold: the full comparison
-                # could only confirm that. The parent counts a screened check as failed (the protocols not alive
-                # here had failed before).
-                del candidate
-                self.checks[name].append({"set_id": meta["set_id"], "screened": sample})
-                self.alive[name].difference_update(p.name for p in live)
-                continue
-            summary = summarize(output, candidate)
-            del candidate
-            self.checks[name].append({"set_id": meta["set_id"], "summary": summary})
-            for protocol in live:
-                if judge_set(summary, baseline, protocol)[0] != "passed":
-                    self.alive[name].discard(protocol.name)
-
-    def replay(self, meta: dict, source_id: str, record: dict) -> None:
-        """`check` on a set whose reference output and inputs are those of set `source_id`, checked before: every
-        kernel still live here was live there too (a protocol covering a re-randomised set covers the default one,
-        and kernels only lose protocols), passed there, and so was compared in full there (a screen that rejects
-        every live protocol rejects one that passed). Running it would repeat that comparison; its result is
-        copied and judged again, the TF32 baseline with it."""
-        covering = [p for p in self.protocols if covers(p, meta["shape"], meta["distribution"], meta["weights"])]
-        for name in self.names:
-            live = [p for p in covering if p.name in self.alive[name]]
-            if not live or (name in _LOW_PRECISION and meta["seed_index"] >= self.low_precision_seeds):
-                continue
-            source = next((c for c in self.checks[name] if c["set_id"] == source_id), None)
-            if source is None:  # no candidate there (another seed's output on the first seed): none here
-                continue
-            baseline = None
-            if any(p.rule == "verified" for p in live):
-                baseline = _copy_tf32(record, source_id, meta["set_id"])
-            check = {**copy.deepcopy(source), "set_id": meta["set_id"]}
-            self.checks[name].append(check)
-            for protocol in live:
-                if "screened" in check or judge_set(check["summary"], baseline, protocol)[0] != "passed":
-                    self.alive[name].discard(protocol.name)
-
-    def abandon(self, reason: str) -> None:
-        """Stop every null kernel still running: a comparison failed, so none of them can be judged."""
-        for name in self.names:
-            if self.alive[name]:
-                self.errors.setdefault(name, reason)
-                self.alive[name].clear()
-
-    def _output(self, name, context, meta, output, previous):
-        """The null kernel's output for this set; None: not applicable here; a string: never applicable."""
-        if name == "zeros":
-            return [torch.zeros_like(t) for t in output]
-        if name == "ones":
-            return [torch.ones_like(t) for t in output]
-        if name == "input":
-            if len(output) != 1:
-                return "the reference returns several outputs"
-            for value in context.inputs(meta):
-                if isinstance(value, torch.Tensor) and value.shape == output[0].shape:
-                    return [value.to(output[0].dtype)]
-            return "no input has the output's shape"
-        if name in ("other_seed", "other_seed_mean"):
-            if previous is None:
-                return None
-            if name == "other_seed":
-                return previous
-            return [torch.full_like(t, _mean(t)) if t.numel() else t for t in previous]
-        if name in _LOW_PRECISION:
-            dtype = _LOW_PRECISION[name]
-            inputs = [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                      for v in context.inputs(meta)]
-            result = context.call(context.low_precision_model(name), inputs, meta)
-            return [r.to(o.dtype) if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) else r
-                    for r, o in zip(result, output)]
-        raise ValueError(f"unknown null kernel {name!r}")
-
-    def export(self) -> dict:
-        return {name: {"checks": self.checks[name], "note": self.notes.get(name, ""),
-                       "error": self.errors.get(name, ""), "alive_at_end": sorted(self.alive[name])}
-                for name in self.names}
 
 
 # ---- dead inputs and parameters ----------------------------------------------------------------------------
-
-def _dead_check(namespace, settings: dict, device) -> dict:
-    """One backward pass of a random projection of the output finds inputs and parameters with (near) zero
-    gradient; each such candidate is then perturbed for real, on a few seeds, and the output change measured."""
-    model = build_reference(namespace, settings["weight_seed"], "default", device, True)[0]
-    seeds = settings["input_seeds"][:settings["perturbation_seeds"]]
-    metas = [{"seed": seed, "distribution": "x1"} for seed in seeds]
-    context = _FamilyContext(namespace, model, device)
-    gradient = _gradient_sensitivity(context, metas[0])
-    threshold = settings["dead_candidate_sensitivity"]
-    candidates = [item for item in gradient["inputs"] + gradient["parameters"]
-                  if item["sensitivity"] is None or not item["sensitivity"] > threshold]
-    limit = settings["max_perturbations"]
-    result = {"gradient_error": gradient["error"], "candidate_threshold": threshold,
-              "inputs": gradient["inputs"], "parameters": gradient["parameters"],
-              "perturbed": [], "truncated": max(0, len(candidates) - limit)}
-    parameters = dict(model.named_parameters())
-    for item in candidates[:limit]:
-        announce(f"audit:dead:{item['kind']}:{item['name']}")
-        result["perturbed"].append(_perturb(context, metas, item, parameters))
-    return result
-
-
-def _gradient_sensitivity(context: _FamilyContext, meta: dict) -> dict:
-    """Estimated relative output change for a perturbation of each input and parameter at its own scale:
-    ‖∂⟨out, r⟩/∂θ‖·rms(θ)/‖out‖ for a random projection r. None where no gradient could be taken.
-
-    This backward is the audit's largest moment for most big tasks (ten input-sized tensors on an element-wise
-    one), so it holds no more than it must: the leaves are the drawn inputs themselves (detached aliases, which
-    nothing writes to), the model gets clones only if it works in place on its inputs, the outputs are gone
-    before the backward, and r is drawn again there instead of being kept (_Projection) — the gradients are the
-    same numbers as with a stored r."""
-    drawn = context.inputs(meta)
-    leaves = [v.detach().requires_grad_(True) if _is_float(v) else None for v in drawn]
-    kinds = [(index, str(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__)
-             for index, v in enumerate(drawn) if isinstance(v, torch.Tensor)]
-    inputs = [leaf if leaf is not None else value for leaf, value in zip(leaves, drawn)]
-    del drawn
-    # each input's scale before the model runs: one that writes to its input behind autograd's back changes it
-    scales = [_rms(leaf.detach()) if leaf is not None else None for leaf in leaves]
-    parameters = [(name, p) for name, p in context.model.named_parameters() if p.is_floating_point()]
-    for _, parameter in parameters:
-        parameter.grad = None
-    error = ""
-    output_norm = 0.0
-    try:
-        with torch.enable_grad():
-            outputs = _forward_on_leaves(context, meta, leaves, inputs)
-            differentiable = [o for o in outputs if _is_float(o) and o.requires_grad]
-            del outputs
-            if not differentiable:
-                error = "no differentiable output"
-            else:
-                generator = torch.Generator(device=context.device).manual_seed(derive_seed("audit", "projection"))
-                # A scalar loss, not backward(outputs, grad_tensors=r): explicit gradients make torch import
-                # sympy (its shape check), a quarter of a second in every audit process.
-                loss = sum(_Projection.apply(o, generator) for o in differentiable)
-                output_norm = math.sqrt(sum(_norm(o.detach()) ** 2 for o in differentiable))
-                del differentiable
-                loss.backward()
-    except BaseException as error_:  # noqa: BLE001 - no gradient: every input and parameter is a candidate
-        _stop_if_out_of_memory(error_)
-        if is_cuda_fatal(error_):
-            raise
-        error = short_error(error_, 300)
-
-    def sensitivity(scale, grad):
-        if error or grad is None or output_norm == 0.0:
-            return None
-        estimate = _norm(grad) * (scale or 1.0) / output_norm
-        return estimate if math.isfinite(estimate) else None
-
-    found_inputs = [{"kind": "input", "index": index, "name": f"input {index}", "dtype": dtype,
-                     "sensitivity": (sensitivity(scales[index], leaves[index].grad)
-                                     if leaves[index] is not None else None)}
-                    for index, dtype in kinds]
-    found_parameters = [{"kind": "parameter", "name": name, "numel": parameter.numel(),
-                         "sensitivity": sensitivity(_rms(parameter.detach()), parameter.grad)}
-                        for name, parameter in parameters]
-    for _, parameter in parameters:
-        parameter.grad = None
-    return {"inputs": found_inputs, "parameters": found_parameters, "error": error}
-
-
-def _forward_on_leaves(context: _FamilyContext, meta: dict, leaves: list, inputs: list) -> list:
-    """The model on the leaves themselves. One that works in place on an input is refused that by autograd on a
-    leaf, possibly after it has already written to an input some other way: it runs again on fresh draws of the
-    same seed, cloned, whose leaves replace `leaves`' entries (so the gradients land where the caller reads them)."""
-    try:
-        set_seed(derive_seed(str(meta["seed"]), "call"))
-        return flatten_outputs(context.model(*inputs))
-    except RuntimeError as error:
-        if "leaf Variable that requires grad" not in str(error):
-            raise
-    fresh = context.inputs(meta)
-    for index, value in enumerate(fresh):
-        if leaves[index] is not None:
-            leaves[index] = value.detach().requires_grad_(True)
-            fresh[index] = leaves[index].clone()
-    set_seed(derive_seed(str(meta["seed"]), "call"))
-    return flatten_outputs(context.model(*fresh))
-
-
-class _Projection(torch.autograd.Function):
-    """⟨o, r⟩ for r ~ N(0, 1) drawn from `generator`, whose gradient with respect to o is r: r is drawn in the
-    forward (to advance the generator as a stored draw would) and dropped, then drawn again from the saved state
-    in the backward, so the backward holds one copy of it, as the gradient, and nothing else of o's size."""
-
-    @staticmethod
-    def forward(ctx, o, generator):
-        ctx.state, ctx.shape, ctx.dtype = generator.get_state(), o.shape, o.dtype
-        ctx.device = o.device
-        r = torch.randn(o.shape, generator=generator, device=o.device, dtype=o.dtype)
-        return r.mul_(o).sum()  # in place: r is this function's own, and no o-sized product is kept
-
-    @staticmethod
-    def backward(ctx, grad):
-        generator = torch.Generator(device=ctx.device)
-        generator.set_state(ctx.state)
-        r = torch.randn(ctx.shape, generator=generator, device=ctx.device, dtype=ctx.dtype)
-        return r.mul_(grad), None
-
-
-def _perturb(context: _FamilyContext, metas: list, item: dict, parameters: dict) -> dict:
-    """Change one input or parameter substantially and measure how much the output moves, per seed."""
-    entry = {"kind": item["kind"], "name": item["name"], "runs": []}
-    if item["kind"] == "input":
-        entry["index"] = item["index"]
-    for meta in metas:
-        inputs = context.inputs(meta)
-        base = context.call(context.model, inputs, meta)
-        if item["kind"] == "input":
-            changed = _perturbed_input(context, meta, item["index"], inputs)
-            if changed is None:
-                entry["runs"].append({"seed": meta["seed"], "skipped": "the input does not change across seeds"})
-                continue
-            fresh = context.inputs(meta)
-            fresh[item["index"]] = changed
-            after = context.call(context.model, fresh, meta)
-        else:
-            parameter = parameters[item["name"]]
-            saved = parameter.detach().clone()
-            generator = torch.Generator(device=parameter.device).manual_seed(derive_seed(item["name"], meta["seed"]))
-            with torch.no_grad():
-                parameter.add_(torch.randn(parameter.shape, generator=generator, device=parameter.device,
-                                           dtype=parameter.dtype) * (_rms(saved) or 1.0))
-            try:
-                after = context.call(context.model, context.inputs(meta), meta)
-            finally:
-                with torch.no_grad():
-                    parameter.copy_(saved)
-        diff_norm, ref_norm, max_abs = _diff_norms(base, after)
-        entry["runs"].append({"seed": meta["seed"], "diff_norm": diff_norm, "ref_norm": ref_norm,
-                              "max_abs_diff": max_abs})
-    return entry
-
-
-def _perturbed_input(context, meta, index, inputs):
-    """Input `index` from another seed's draw (keeps its dtype and structure: masks, indices); a floating
-    input that does not vary with the seed gets noise at its own scale instead."""
-    original = inputs[index]
-    other = context.inputs({**meta, "seed": derive_seed(str(meta["seed"]), "perturb")})[index]
-    if not isinstance(other, torch.Tensor) or other.shape != original.shape or other.dtype != original.dtype:
-        return None
-    if not torch.equal(other, original):
-        return other
-    if not original.is_floating_point():
-        return None
-    generator = torch.Generator(device=original.device).manual_seed(derive_seed(str(meta["seed"]), "noise", index))
-    noise = torch.randn(original.shape, generator=generator, device=original.device, dtype=original.dtype)
-    return original + noise * (_rms(original) or 1.0)
 
 
 # ---- timing (GPU only) -------------------------------------------------------------------------------------
@@ -756,147 +393,10 @@ def samples_until_decided(one_call_us, planned: int, decided_us: float | None) -
 
 # ---- small numeric helpers ---------------------------------------------------------------------------------
 
-def _is_float(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
-
-
-def _as_float(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
-
 
 # A float64 copy of a whole output (what `dtype=torch.float64` makes in a norm or a mean) is 12 GB at 1.6·10⁹
 # elements, and several audits share a GPU: tensors above CHUNK_ELEMENTS are reduced chunk by chunk. Below it the
 # numbers are computed as they always were, bit for bit; above it, sums in another order differ from a one-shot
 # float64 reduction by rounding only (measured: 1e-13 relative on 10⁸ elements, against thresholds of 1e-5 and up).
 
-def _float_chunks(t: torch.Tensor):
-    """`_as_float(t)` in consecutive pieces of the flattened tensor, none copied whole."""
-    flat = t.detach().reshape(-1)
-    for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-        yield _as_float(flat[start:start + CHUNK_ELEMENTS])
 
-
-def _norm64(t: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
-
-
-def _norm(t: torch.Tensor) -> float:
-    if not t.numel():
-        return 0.0
-    if t.numel() <= CHUNK_ELEMENTS:
-        return _norm64(_as_float(t))
-    return math.sqrt(sum(_norm64(chunk) ** 2 for chunk in _float_chunks(t)))
-
-
-def _difference_norm(x: torch.Tensor, y: torch.Tensor) -> float:
-    """‖y − x‖ of two tensors of one shape."""
-    if x.numel() <= CHUNK_ELEMENTS:
-        return _norm(_as_float(y) - _as_float(x))
-    return math.sqrt(sum(_norm64(b - a) ** 2 for a, b in zip(_float_chunks(x), _float_chunks(y))))
-
-
-def _mean(t: torch.Tensor) -> float:
-    """The mean in float64 (`t.double().mean()`), of any dtype."""
-    if t.numel() <= CHUNK_ELEMENTS:
-        return float(t.double().mean())
-    flat = t.detach().reshape(-1)
-    total = sum(float(flat[start:start + CHUNK_ELEMENTS].double().sum())
-                for start in range(0, flat.numel(), CHUNK_ELEMENTS))
-    return total / t.numel()
-
-
-def _rms(t: torch.Tensor) -> float:
-    return _norm(t) / math.sqrt(t.numel()) if t.numel() else 0.0
-
-
-def _largest_range(x: torch.Tensor, dim: int) -> float:
-    """max over the other axes of (max − min along `dim`): one pass for both extremes, the same numbers as
-    `amax` and `amin` apart (both are exact)."""
-    low, high = torch.aminmax(x, dim=dim)
-    return float((high - low).max())
-
-
-def _nan_max(a: float, b: float) -> float:
-    return b if math.isnan(b) or b > a else a
-
-
-def _max_abs_diff(a: list, b: list, identical: frozenset = frozenset()) -> float:
-    """Largest element-wise difference between two outputs; inf when their structure differs. The tensors at the
-    indices in `identical` are known equal and finite: they add 0, which changes no maximum."""
-    if len(a) != len(b):
-        return math.inf
-    worst = 0.0
-    for index, (x, y) in enumerate(zip(a, b)):
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
-                worst = math.inf
-            continue
-        if x.shape != y.shape:
-            return math.inf
-        if x.numel() and index not in identical:
-            for first, second in zip(_float_chunks(x), _float_chunks(y)):
-                worst = _nan_max(worst, float((first - second).abs().max()))
-    return worst
-
-
-def _diff_norms(a: list, b: list) -> tuple[float, float, float]:
-    """(‖b − a‖, ‖a‖, max|b − a|) over every tensor of the two outputs."""
-    if len(a) != len(b) or any(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape != y.shape
-                               for x, y in zip(a, b)):
-        return math.inf, 0.0, math.inf
-    diff_sq = ref_sq = 0.0
-    identical = set()
-    for index, (x, y) in enumerate(zip(a, b)):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.numel():
-            ref_norm = _norm(x)
-            # A deterministic reference run twice: equal element for element and finite (a finite norm has no inf
-            # or NaN in it), every difference is +0, so ‖y − x‖ = 0 and max|y − x| = 0 without computing them.
-            if math.isfinite(ref_norm) and x.dtype == y.dtype and torch.equal(x, y):
-                identical.add(index)
-            else:
-                diff_sq += _difference_norm(x, y) ** 2
-            ref_sq += ref_norm ** 2
-    return math.sqrt(diff_sq), math.sqrt(ref_sq), _max_abs_diff(a, b, frozenset(identical))
-
-
-_FRACTION_STATS = ("mean", "frac_near_zero", "frac_near_mean")
-
-
-def _tensor_stats(t, *, fractions: bool = True) -> dict:
-    """What the thresholds need from one output tensor: magnitude, the largest range along each axis, and with
-    `fractions` the mean and the near-zero and near-mean fractions."""
-    if not isinstance(t, torch.Tensor):
-        return {"type": type(t).__name__}
-    stats = {"shape": list(t.shape), "dtype": str(t.dtype), "numel": t.numel()}
-    if not t.numel():
-        stats["nonfinite"] = 0
-        return stats
-    x = _as_float(t)
-    chunks = list(_float_chunks(x))
-    largest, near_zero = [], {a: 0 for a in NEAR_ATOLS}
-    for chunk in chunks:
-        magnitude = chunk.abs()
-        largest.append(float(magnitude.max()))  # NaN where the chunk has one: max propagates NaN
-        for atol in NEAR_ATOLS if fractions else ():
-            near_zero[atol] += int(torch.count_nonzero(magnitude <= atol))
-        del magnitude
-    if not all(math.isfinite(value) for value in largest):
-        stats["nonfinite"] = sum(int(torch.count_nonzero(~torch.isfinite(chunk))) for chunk in chunks)
-        return stats
-    stats["nonfinite"] = 0  # the largest magnitude is finite, so every element is
-    stats["max_abs"] = max(largest)
-    stats["axis_range"] = [_largest_range(x, d) if size > 1 else None for d, size in enumerate(t.shape)]
-    if not fractions:
-        return stats
-    mean = float(x.mean(dtype=torch.float64)) if x.numel() <= CHUNK_ELEMENTS else _mean(x)
-    near_mean = {a: 0 for a in NEAR_ATOLS}
-    for chunk in chunks:
-        deviation = (chunk - mean).abs_()
-        for atol in NEAR_ATOLS:
-            near_mean[atol] += int(torch.count_nonzero(deviation <= atol))
-        del deviation
-    stats["mean"] = mean
-    stats["frac_near_zero"] = {repr(a): near_zero[a] / t.numel() for a in NEAR_ATOLS}
-    stats["frac_near_mean"] = {repr(a): near_mean[a] / t.numel() for a in NEAR_ATOLS}
-    return stats

@@ -1,4 +1,4 @@
-"""The child side of `kbverify.footprint`: a task's tensor bytes measured on the `meta` device.
+"""The child side of `kbverify.audit.footprint`: a task's tensor bytes measured on the `meta` device.
 
 A meta tensor has a shape, a dtype and no storage, so building a task's model and inputs there and running its
 forward costs milliseconds whatever the sizes. Three levels of answer, best first:

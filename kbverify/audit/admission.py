@@ -1,6 +1,6 @@
 """Memory admission for audit copies sharing one device: a reservation ledger in the copies' shared folder.
 
-Each copy reserves a task's estimated need (`kbverify.footprint`) before starting it and releases it when the
+Each copy reserves a task's estimated need (`kbverify.audit.footprint`) before starting it and releases it when the
 task ends. A task is admitted when the live reservations plus its need fit the budget; a task whose need alone
 exceeds the budget (or is unknown) is admitted only when nothing else is in flight. The ledger is one JSON file
 rewritten under an exclusive `fcntl.flock`, so copies never read it half-written or lose each other's updates;
