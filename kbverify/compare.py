@@ -82,7 +82,8 @@ def run_lines(result: RunComparison) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {k.submission} | {k.speedup_a:.3f} | {k.speedup_b:.3f} | {k.change:+.2%} | {k.within_combined_ci} "
               f"| {k.speed_class_a} | {k.speed_class_b} |" for k in result.kernels]
-    lines += [f"status changed: {submission}: {before} -> {after}" for submission, before, after in result.status_changed]
+    lines += [f"status changed: {submission}: {before} -> {after}"
+              for submission, before, after in result.status_changed]
     if result.only_in_a or result.only_in_b:
         lines.append(f"only in A: {len(result.only_in_a)}, only in B: {len(result.only_in_b)}")
     if not result.kernels:

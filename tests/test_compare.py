@@ -71,8 +71,9 @@ def test_two_audits_list_changed_verdicts_flags_and_errors_and_fail_on_a_verdict
     old = _audit(tmp_path / "old.json", [_task("a@1", ["original"], ["near_zero:original"]),
                                          _task("b@2", flags=["mostly_zero"]), _task("c@3", error="out of memory"),
                                          _task("d@4")])
+    gained = ["mostly_zero", "trivially_passable:ones:original"]
     new = _audit(tmp_path / "new.json", [_task("a@1", ["original"], ["near_zero:original"]),
-                                         _task("b@2", ["original"], ["mostly_zero", "trivially_passable:ones:original"]),
+                                         _task("b@2", ["original"], gained),
                                          _task("c@3", flags=["dead_input"]), _task("d@4")])
     run = kbverify(old, new)
     assert run.returncode == 1, run.stderr
