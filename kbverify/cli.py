@@ -237,8 +237,8 @@ def rejudge(store: Path = typer.Argument(...), protocol: str = typer.Option("ver
 
 
 @app.command()
-def compare(a: Path = typer.Argument(..., help="a store, or an audit report (JSON)"),
-            b: Path = typer.Argument(..., help="the same kind as A"),
+def compare(a: Path = typer.Argument(..., metavar="A", help="a store, or an audit report (JSON)"),
+            b: Path = typer.Argument(..., metavar="B", help="the same kind as A"),
             protocol: str = typer.Option("verified", "--protocol", help="which verdicts of two stores to compare")):
     """Two stores: how far each kernel's speedup moved. Two audit reports: which tasks' verdicts changed."""
     _setup_logging(False)
