@@ -5,7 +5,7 @@ kernel's cost by phase, and the build cache's effect on a second run.
 
 Run 1 starts from an empty build cache (`OUT/cache`), run 2 (`--runs 2`, the default) from the cache run 1 left;
 each run has a store of its own, so both evaluate every unit. `--phased` builds everything before the first
-evaluation (what rescore did before the pipeline): its statuses must equal the pipeline's (`--compare A B` prints
+evaluation (no overlap of the two): its statuses must equal the pipeline's (`--compare A B` prints
 every unit whose status differs between two stores). The GPU's utilisation is sampled with nvidia-smi every
 `--sample-s` seconds where it exists. The table goes to stdout and `OUT/bench.json` holds every number.
 """
@@ -115,7 +115,7 @@ def one_run(args, name: str, out: Path) -> dict:
     try:
         with GpuSampler(args.sample_s) as sampler:
             phased_s = None
-            if args.phased:  # every build first, as before the pipeline
+            if args.phased:  # every build first, then every evaluation
                 entries = _entries(args)
                 prebuild(entries, CheckOptions(device=jobs.resolve_device(args.device)))
                 phased_s = time.monotonic() - started

@@ -295,6 +295,18 @@ def rejudge(store: Path = typer.Argument(...), protocol: str = typer.Option("ver
 
 
 @app.command()
+def compare(a: Path = typer.Argument(..., metavar="A", help="a store, or an audit report (JSON)"),
+            b: Path = typer.Argument(..., metavar="B", help="the same kind as A"),
+            protocol: str = typer.Option("verified", "--protocol", help="which verdicts of two stores to compare")):
+    """Two stores: how far each kernel's speedup moved. Two audit reports: which tasks' verdicts changed."""
+    _setup_logging(False)
+    from kbverify.compare import compare as compare_results
+
+    result = compare_results(a, b, protocol=protocol)
+    sys.stdout.write(result.text)
+    raise typer.Exit(result.exit_code)
+
+@app.command()
 def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
          verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Re-score the bundled example run (honest kernels and cheats) on this machine and print both fast_p tables."""

@@ -22,33 +22,38 @@ The rule (`RULE`), for each task:
 Committed manifests (`hidden_tests/<set>/levelL/<name>.json`) are keyed by task name and content hash;
 a task whose hash has none gets the same rule run on the fly. Generating executes the task file: do it
 where the task may run.
+
+Rewriting the file's literals lives in `task_constants`, running the reference on meta (and the CPU) in
+`meta_probe`; this module holds the rule, the manifests and `kbverify hidden generate`.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from kbverify.errors import InputError
-from kbverify.tasks import Task, execute_task, load_task_dir, source_sha256
+# meta_mode, quiet and tensors are named here for scripts/audit_work_profile.py, which profiles a task
+# with the same quiet meta-device run the rule uses.
+from kbverify.meta_probe import Probe, describe, execute_source, probe_inputs, validate
+from kbverify.meta_probe import meta_mode as _meta_mode  # noqa: F401
+from kbverify.meta_probe import quiet as _quiet  # noqa: F401
+from kbverify.meta_probe import tensors as _tensors  # noqa: F401
+from kbverify.task_constants import bindings as _bindings
+from kbverify.task_constants import is_int, rewrite_constants, tuplify
+from kbverify.task_constants import parse_source as _parse
+from kbverify.tasks import Task, execute_task, load_task_dir
 
 log = logging.getLogger(__name__)
 
 RULE = "kbverify-hidden/1: smaller (n//2, or n-1 for n<4), odd (n-1 for even n>=4); scopes all > inputs-only > greedy"
-# A real CPU run (the only place finiteness can be checked) is made when it is cheap: bytes bound the
-# memory, counted matmul/convolution flops bound the time.
-CPU_CHECK_MAX_BYTES = 64 * 2**20
-CPU_CHECK_MAX_FLOPS = 4 * 10**9
 KINDS = ("smaller", "odd")
 SCOPES = ("all", "inputs-only", "greedy")
 
@@ -74,8 +79,8 @@ class HiddenShape:
 
     @classmethod
     def from_json(cls, data: dict) -> HiddenShape:
-        return cls(label=data["label"], overrides={k: _tuplify(v) for k, v in data["overrides"].items()},
-                   input_shapes=_tuplify(data["input_shapes"]), validation=data["validation"],
+        return cls(label=data["label"], overrides={k: tuplify(v) for k, v in data["overrides"].items()},
+                   input_shapes=tuplify(data["input_shapes"]), validation=data["validation"],
                    kind=data.get("kind", ""))
 
 
@@ -86,323 +91,6 @@ class Generation:
     shapes: list[HiddenShape]
     reason: str | None
     duration_s: float
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Rewriting literals
-
-
-@dataclass(frozen=True)
-class _Binding:
-    name: str
-    statement: ast.stmt  # the last top-level statement binding the name
-    literal: ast.expr | None  # the node holding its value alone, replaceable in place
-    value: object  # evaluated literal value, or _NOT_LITERAL
-
-
-_NOT_LITERAL = object()
-
-
-def rewrite_constants(source: str, overrides: dict[str, object]) -> str:
-    """`source` with the module-level constants in `overrides` bound to new literal values.
-
-    A value written as its own literal is replaced in place; a name bound with others (`h = w = 128`) or
-    by a computed expression gets `name = value` right after its last binding, so later derived
-    constants still follow. Everything else in the file is kept byte for byte.
-    """
-    if not overrides:
-        return source
-    tree = _parse(source)
-    bindings = _bindings(tree)
-    unknown = sorted(name for name in overrides if name not in bindings)
-    if unknown:
-        raise InputError(f"not a module-level constant of the task: {', '.join(unknown)}")
-    data = source.encode()
-    line_starts = _line_starts(data)
-    edits: dict[tuple[int, int], list[bytes]] = {}
-    for name, value in overrides.items():
-        binding = bindings[name]
-        if isinstance(value, list) and isinstance(binding.value, tuple):
-            value = _tuplify(value)  # overrides that went through JSON come back as lists
-        text = _literal_text(value)
-        if binding.literal is not None:
-            span = _byte_span(binding.literal, line_starts)
-            edits.setdefault(span, []).append(text.encode())
-        else:
-            end = _byte_span(binding.statement, line_starts)[1]
-            edits.setdefault((end, end), []).append(f"\n{name} = {text}".encode())
-    for (start, end), texts in sorted(edits.items(), reverse=True):
-        data = data[:start] + b"".join(texts) + data[end:]
-    return data.decode()
-
-
-def _parse(source: str) -> ast.Module:
-    try:
-        return ast.parse(source)
-    except SyntaxError as error:
-        raise InputError(f"task source has a syntax error on line {error.lineno}: {error.msg}") from None
-
-
-def _bindings(tree: ast.Module) -> dict[str, _Binding]:
-    found: dict[str, _Binding] = {}
-    for statement in tree.body:
-        if isinstance(statement, ast.Assign):
-            single = len(statement.targets) == 1
-            for target in statement.targets:
-                for name, literal in _target_literals(target, statement.value):
-                    found[name] = _Binding(name, statement, literal if single else None,
-                                           _literal_value(literal) if literal is not None else _NOT_LITERAL)
-        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
-            value = statement.value
-            found[statement.target.id] = _Binding(statement.target.id, statement, value,
-                                                  _literal_value(value) if value is not None else _NOT_LITERAL)
-        elif isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
-            found[statement.target.id] = _Binding(statement.target.id, statement, None, _NOT_LITERAL)
-    return found
-
-
-def _target_literals(target: ast.expr, value: ast.expr) -> list[tuple[str, ast.expr | None]]:
-    if isinstance(target, ast.Name):
-        return [(target.id, value)]
-    if isinstance(target, (ast.Tuple, ast.List)):
-        elements = value.elts if isinstance(value, (ast.Tuple, ast.List)) else None
-        if elements is not None and len(elements) == len(target.elts) and not any(
-                isinstance(e, ast.Starred) for e in (*elements, *target.elts)):
-            return [pair for sub, element in zip(target.elts, elements) for pair in _target_literals(sub, element)]
-        return [(name, None) for sub in target.elts for name, _ in _target_literals(sub, sub)]
-    return []
-
-
-_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b, ast.Pow: lambda a, b: a**b}
-
-
-def _literal_value(node: ast.expr | None) -> object:
-    """The value of a literal, or of integer arithmetic on literals (`1024 * 2`); else _NOT_LITERAL."""
-    if node is None:
-        return _NOT_LITERAL
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _literal_value(node.left), _literal_value(node.right)
-        if _is_int(left) and _is_int(right) and not (isinstance(node.op, ast.Pow) and right > 64):
-            with contextlib.suppress(ArithmeticError):
-                return _BINARY[type(node.op)](left, right)
-        return _NOT_LITERAL
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NOT_LITERAL
-
-
-def _literal_text(value: object) -> str:
-    text = repr(value)
-    try:
-        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
-    except (ValueError, SyntaxError):
-        same = False
-    if not same:
-        raise InputError(f"cannot write {value!r} as a Python literal")
-    return text
-
-
-def _line_starts(data: bytes) -> list[int]:
-    starts = [0]
-    for line in data.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-    return starts
-
-
-def _byte_span(node: ast.AST, line_starts: list[int]) -> tuple[int, int]:
-    # ast column offsets count UTF-8 bytes, hence editing the encoded source.
-    return (line_starts[node.lineno - 1] + node.col_offset, line_starts[node.end_lineno - 1] + node.end_col_offset)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _tuplify(value: object) -> object:
-    if isinstance(value, list):
-        return tuple(_tuplify(v) for v in value)
-    return value
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Running the reference without memory: the meta device
-
-
-def _device_mode(device: str):
-    """A context in which every tensor the task makes lives on `device`, explicitly named devices included."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    def redirect(value):
-        return device if isinstance(value, (str, torch.device)) else value
-
-    class _RedirectDevices(TorchFunctionMode):
-        # `torch.device(...)` only sets a default; tasks that ask for device="cuda" or call .cuda()
-        # would still reach for a GPU.
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = dict(kwargs or {})
-            if func in (torch.Tensor.cuda, torch.Tensor.cpu):
-                return args[0]
-            if "device" in kwargs:
-                kwargs["device"] = device
-            if func is torch.Tensor.to:
-                args = tuple(redirect(a) for a in args)
-            return func(*args, **kwargs)
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.device(device))
-    stack.enter_context(_RedirectDevices())
-    return stack
-
-
-def _meta_mode():
-    return _device_mode("meta")
-
-
-@dataclass(frozen=True)
-class _Probe:
-    """What one execution of a task's `get_inputs()`/`get_init_inputs()` (and maybe its model) showed."""
-
-    input_shapes: tuple | None
-    init_signature: tuple | None = None
-    estimated_bytes: int | None = None
-    validation: str | None = None  # set when the reference constructed and ran
-    error: str | None = None
-
-
-@contextlib.contextmanager
-def _quiet():
-    # Task files print and warn; a library must not pass that on.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
-
-
-def _execute(task: Task, source: str) -> dict:
-    return execute_task(dataclasses.replace(task, source=source, sha256=source_sha256(source)))
-
-
-def _probe_inputs(task: Task, source: str) -> _Probe:
-    try:
-        with _quiet(), _meta_mode():
-            namespace = _execute(task, source)
-            init = namespace["get_init_inputs"]()
-            inputs = namespace["get_inputs"]()
-        return _Probe(input_shapes=_shapes(inputs), init_signature=_signature(init))
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - a failing task is data here
-        return _Probe(input_shapes=None, error=f"get_inputs: {_describe(error)}")
-
-
-def _validate(task: Task, source: str) -> _Probe:
-    """Construct and run the reference on `source`: on meta, and for real on the CPU when small."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        with _quiet(), _meta_mode():
-            namespace = _execute(task, source)
-            init = namespace["get_init_inputs"]()
-            inputs = namespace["get_inputs"]()
-    except (Exception, SystemExit) as error:  # noqa: BLE001
-        return _Probe(input_shapes=None, error=f"get_inputs on meta: {_describe(error)}")
-    shapes, signature = _shapes(inputs), _signature(init)
-    model, how = _construct_on_meta(task, source, namespace, init)
-    if isinstance(model, str):
-        return _Probe(shapes, signature, error=model)
-    meta_error, outputs, flops = None, None, 0
-    try:
-        with _quiet(), _meta_mode(), torch.no_grad(), FlopCounterMode(display=False) as counter:
-            outputs = model(*inputs)
-        flops = counter.get_total_flops()
-    except (Exception, SystemExit) as error:  # noqa: BLE001
-        meta_error = f"forward on meta: {_describe(error)}"
-    estimated = _tensor_bytes(inputs) + _tensor_bytes(list(model.parameters()) + list(model.buffers()))
-    estimated += _tensor_bytes(outputs) if outputs is not None else 0
-    if estimated > CPU_CHECK_MAX_BYTES or flops > CPU_CHECK_MAX_FLOPS:
-        if meta_error:
-            return _Probe(shapes, signature, estimated, error=f"{meta_error}; too big for a CPU run")
-        return _Probe(shapes, signature, estimated, validation=how)
-    cpu_error = _run_on_cpu(task, source)
-    if cpu_error:
-        return _Probe(shapes, signature, estimated, error=cpu_error)
-    return _Probe(shapes, signature, estimated, validation="cpu" if meta_error else f"{how}+cpu")
-
-
-def _construct_on_meta(task: Task, source: str, namespace: dict, init: list):
-    """(model on meta, how) or (error text, None). Falls back to building on the CPU and moving to meta,
-    for constructors that read values (`.item()` on a linspace)."""
-    try:
-        with _quiet(), _meta_mode():
-            return namespace["Model"](*init), "meta"
-    except (Exception, SystemExit) as meta_error:  # noqa: BLE001
-        try:
-            with _quiet():
-                cpu_namespace = _execute(task, source)
-                model = cpu_namespace["Model"](*cpu_namespace["get_init_inputs"]())
-            return model.to("meta"), "cpu-init+meta"
-        except (Exception, SystemExit) as error:  # noqa: BLE001
-            return f"Model(*get_init_inputs()): {_describe(error)} (on meta: {_describe(meta_error)})", None
-
-
-def _run_on_cpu(task: Task, source: str) -> str | None:
-    """Run the reference for real; None when it ran and every floating output is finite."""
-    import torch
-
-    try:
-        with _quiet(), torch.random.fork_rng(devices=[]), torch.no_grad(), _device_mode("cpu"):
-            torch.manual_seed(0)
-            namespace = _execute(task, source)
-            model = namespace["Model"](*namespace["get_init_inputs"]())
-            outputs = model(*namespace["get_inputs"]())
-    except (Exception, SystemExit) as error:  # noqa: BLE001
-        return f"CPU run: {_describe(error)}"
-    for tensor in _tensors(outputs):
-        if tensor.is_floating_point() or tensor.is_complex():
-            if not bool(torch.isfinite(tensor).all()):
-                return "CPU run: non-finite output"
-    return None
-
-
-def _tensors(value: object) -> Iterable:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
-def _tensor_bytes(value: object) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
-
-
-def _shapes(inputs: object) -> tuple:
-    import torch
-
-    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-    return tuple(tuple(item.shape) if isinstance(item, torch.Tensor) else None for item in items)
-
-
-def _signature(value: object) -> tuple:
-    """A comparable summary of constructor arguments: tensors by shape and dtype, the rest by repr."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), str(value.dtype))
-    if isinstance(value, (list, tuple)):
-        return tuple(_signature(item) for item in value)
-    return ("value", repr(value))
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -425,7 +113,7 @@ def _candidates(source: str) -> dict[str, object]:
     candidates = {}
     for name, binding in _bindings(_parse(source)).items():
         value = binding.value
-        is_size = _is_int(value) or (isinstance(value, tuple) and value and all(_is_int(v) for v in value))
+        is_size = is_int(value) or (isinstance(value, tuple) and value and all(is_int(v) for v in value))
         if is_size and not _is_hyper_parameter(name) and not name.startswith("_"):
             candidates[name] = value
     return candidates
@@ -435,11 +123,11 @@ def _perturbed(value: object) -> object:
     return tuple(v + 1 for v in value) if isinstance(value, tuple) else value + 1
 
 
-def _shape_constants(task: Task, original: _Probe) -> list[_ShapeConstant]:
+def _shape_constants(task: Task, original: Probe) -> list[_ShapeConstant]:
     """The candidates whose change alone changes the input shapes, by executing the task on meta."""
     found = []
     for name, value in _candidates(task.source).items():
-        probe = _probe_inputs(task, rewrite_constants(task.source, {name: _perturbed(value)}))
+        probe = probe_inputs(task, rewrite_constants(task.source, {name: _perturbed(value)}))
         if probe.input_shapes is None or probe.input_shapes == original.input_shapes:
             continue
         only_dim0 = _only_leading_dim_changed(original.input_shapes, probe.input_shapes)
@@ -495,7 +183,7 @@ def _generate(task: Task, max_configs: int = 2) -> Generation:
 
 
 def _apply_rule(task: Task, max_configs: int) -> tuple[list[HiddenShape], str | None]:
-    original = _validate(task, task.source)
+    original = validate(task, task.source)
     if original.validation is None:
         return [], f"the reference does not run at its own shapes: {original.error}"
     constants = _shape_constants(task, original)
@@ -510,11 +198,11 @@ def _apply_rule(task: Task, max_configs: int) -> tuple[list[HiddenShape], str | 
     return found, None if found else "; ".join(rejections) or "no configuration changes the input shapes"
 
 
-def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], original: _Probe,
+def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], original: Probe,
                  rejections: list[str]) -> HiddenShape | None:
-    checked: dict[str, tuple[str | None, _Probe]] = {}
+    checked: dict[str, tuple[str | None, Probe]] = {}
 
-    def check(overrides: dict, scope: str) -> _Probe | None:
+    def check(overrides: dict, scope: str) -> Probe | None:
         key = repr(sorted(overrides.items()))
         if key not in checked:
             checked[key] = _check(task, overrides, original)
@@ -543,8 +231,8 @@ def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], origina
     return None
 
 
-def _check(task: Task, overrides: dict, original: _Probe) -> tuple[str | None, _Probe]:
-    probe = _validate(task, rewrite_constants(task.source, overrides))
+def _check(task: Task, overrides: dict, original: Probe) -> tuple[str | None, Probe]:
+    probe = validate(task, rewrite_constants(task.source, overrides))
     if probe.validation is None:
         return probe.error, probe
     if probe.input_shapes == original.input_shapes:
@@ -621,7 +309,7 @@ def _shapes_of(path: Path, data: dict) -> list[HiddenShape]:
     try:
         return [HiddenShape.from_json(shape) for shape in data.get("shapes", [])]
     except (KeyError, TypeError, AttributeError) as error:
-        raise InputError(f"{path}: malformed hidden shape: {_describe(error)}") from None
+        raise InputError(f"{path}: malformed hidden shape: {describe(error)}") from None
 
 
 @lru_cache(maxsize=16)
@@ -678,7 +366,7 @@ def execute_with_shape(task: Task, shape: HiddenShape | None) -> dict:
     """The task's namespace with the shape's constants in force (None: the task as written)."""
     if shape is None:
         return execute_task(task)
-    return _execute(task, rewrite_constants(task.source, shape.overrides))
+    return execute_source(task, rewrite_constants(task.source, shape.overrides))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -727,5 +415,5 @@ def _generate_or_error(task: Task) -> Generation | str:
         return _generate(task)
     except Exception as error:  # noqa: BLE001 - one broken task must not stop the others
         log.debug("generation failed for %s", task.key, exc_info=True)
-        return _describe(error)
+        return describe(error)
 

@@ -423,52 +423,56 @@ def _jsonl_entry(row: dict, root: Path, where: str) -> Entry:
         raise InputError(f"{where}: id must be a string, got {entry_id!r}")
     entry_id = str(entry_id)
 
-    task, reason, modified = None, None, None
-    ref_code = row.get("ref_code")
-    if ref_code is not None:
-        origin = "ref_code"
-        if not isinstance(ref_code, str):
-            raise InputError(f"{where}: ref_code must be a string")
-        try:
-            task = parse_task(ref_code, name=task_path.stem, level=level, problem_id=problem_id)
-        except InputError as error:
-            reason = f"ref_code is not a task: {error}"
-        modified = _modified(level, problem_id, ref_code)
-    else:
-        origin = "jsonl"
-        if not task_path.is_file():
-            reason = f"task {row['task']} not found in {root}"
-        else:
-            try:
-                task = load_task(task_path, level=level)
-            except InputError as error:
-                reason = f"task unusable: {error}"
-
-    submission, code_reason = None, None
-    if "code" in row:
-        code_reason = _no_code_reason(row["code"], "code")
-        if code_reason is None:
-            submission = make_submission(row["code"], id=entry_id)
-    else:
-        if not isinstance(row["path"], str):
-            raise InputError(f"{where}: path must be a string, got {row['path']!r}")
-        submission_path = root / row["path"]
-        if not submission_path.is_file():
-            code_reason = f"submission file {row['path']} not found in {root}"
-        else:
-            try:
-                code = submission_path.read_text()
-            except (OSError, UnicodeDecodeError) as error:
-                raise InputError(f"{submission_path}: cannot read: {error}") from None
-            code_reason = _no_code_reason(code, "the submission file")
-            if code_reason is None:
-                submission = make_submission(code, id=entry_id, path=str(submission_path))
+    task, reason, modified, origin = _jsonl_task(row, root, task_path, level, problem_id, where)
+    submission, code_reason = _jsonl_submission(row, root, entry_id, where)
     return Entry(
         entry_id=entry_id, task=task, submission=submission, level=level, problem_id=problem_id, sample=sample,
         claimed_speedup=_speedup_field(row, "claimed_speedup", where),
         unverifiable=code_reason or reason, reference_origin=origin, modified_reference=modified,
         task_ref=row["task"], labels=labels,
     )
+
+
+def _jsonl_task(row: dict, root: Path, task_path: Path, level: int | None, problem_id: int | None,
+                where: str) -> tuple[Task | None, str | None, bool | None, str]:
+    """(task, why it is unusable, whether ref_code differs from KernelBench's, where the reference came from).
+
+    A row's own `ref_code` wins over the task file it names: it is the reference the kernel was written against.
+    """
+    ref_code = row.get("ref_code")
+    if ref_code is None:
+        if not task_path.is_file():
+            return None, f"task {row['task']} not found in {root}", None, "jsonl"
+        try:
+            return load_task(task_path, level=level), None, None, "jsonl"
+        except InputError as error:
+            return None, f"task unusable: {error}", None, "jsonl"
+    if not isinstance(ref_code, str):
+        raise InputError(f"{where}: ref_code must be a string")
+    task, reason = None, None
+    try:
+        task = parse_task(ref_code, name=task_path.stem, level=level, problem_id=problem_id)
+    except InputError as error:
+        reason = f"ref_code is not a task: {error}"
+    return task, reason, _modified(level, problem_id, ref_code), "ref_code"
+
+
+def _jsonl_submission(row: dict, root: Path, entry_id: str, where: str) -> tuple[Submission | None, str | None]:
+    """(submission, why there is none): from the row's `code`, else from the file its `path` names."""
+    if "code" in row:
+        reason = _no_code_reason(row["code"], "code")
+        return (make_submission(row["code"], id=entry_id) if reason is None else None), reason
+    if not isinstance(row["path"], str):
+        raise InputError(f"{where}: path must be a string, got {row['path']!r}")
+    submission_path = root / row["path"]
+    if not submission_path.is_file():
+        return None, f"submission file {row['path']} not found in {root}"
+    try:
+        code = submission_path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{submission_path}: cannot read: {error}") from None
+    reason = _no_code_reason(code, "the submission file")
+    return (make_submission(code, id=entry_id, path=str(submission_path)) if reason is None else None), reason
 
 
 def _level_from_path(path: Path) -> int | None:

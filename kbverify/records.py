@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 
 from kbverify.status import Status
 
+# The verdict record's format (`format_version` in `Verdict.to_dict`). Each version, and what a reader must accept:
+#   0  no `format_version` key; fields added since then take their defaults (`isolation` reads "degraded": nothing
+#      in such a record shows its submission code was confined);
+#   1  `format_version` written with every record.
+# A field may be added without a new version when its default reads every older record correctly.
+RECORD_VERSION = 1
 
 
 def task_label(task_name: str, level: int | None) -> str:
@@ -73,8 +79,8 @@ class Verdict:
     # wall seconds of each kind of worker process, summed over its runs (candidate and judge overlap in time)
     worker_s: dict = field(default_factory=dict)
     # How the processes that ran submission code were confined (kbverify.confine): "isolated", or "degraded" when
-    # any ran unconfined (then nothing kept it from the parent, the judge or their files). Records made before
-    # kbverify confined submission code read "degraded".
+    # any ran unconfined (then nothing kept it from the parent, the judge or their files). The default is for a
+    # record without the field: nothing in it shows that its submission code was confined.
     isolation: str = "degraded"
     isolation_reason: str = "recorded before submission code was confined"
     # The entry's labels (`kbverify.labels`: a generic JSONL's extra fields, e.g. {"model": "gpt-4o"}): part of
@@ -86,11 +92,15 @@ class Verdict:
         return self.status is Status.PASSED
 
     def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
+        return {"format_version": RECORD_VERSION, **_plain(dataclasses.asdict(self))}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
+        """A verdict from its record, of any format version up to RECORD_VERSION (none: version 0)."""
         data = dict(data)
+        version = data.pop("format_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= RECORD_VERSION:
+            raise ValueError(f"verdict record format_version {version!r}: this kbverify reads 0 to {RECORD_VERSION}")
         data["status"] = Status(data["status"])
         data["warnings"] = tuple(data.get("warnings", ()))
         if data.get("speedup_ci") is not None:

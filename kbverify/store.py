@@ -22,6 +22,14 @@ from kbverify.records import Verdict, task_label
 _OURS = {"runs", "verdicts", "audit", "cache"}
 _EXAMPLES = 3
 
+# The store's format, in SQLite's `PRAGMA user_version`, so a reader can tell a store it cannot read from a damaged
+# one. Each version, and what a reader of it must accept:
+#   0  no version set: the tables below, verdict records without `format_version` (records.RECORD_VERSION);
+#      read as version 1, and left unversioned, since a reader changes nothing in a store;
+#   1  the same tables; verdict records carry `format_version`.
+# A store of a newer version than this is refused: its tables or records may mean something this code misreads.
+STORE_VERSION = 1
+
 
 class StoreConflict(InputError):
     """The run would put a second verdict for one task, sample and protocol into the store."""
@@ -67,11 +75,26 @@ class Store:
                 self._db.close()
                 raise InputError(f"{self.path}: not a kbverify store (an SQLite database with tables "
                                  f"{', '.join(sorted(tables)[:_EXAMPLES])})")
+            self._check_version()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            if not tables:
+                self._db.execute(f"PRAGMA user_version = {STORE_VERSION}")
         except sqlite3.DatabaseError as error:
             raise InputError(f"{self.path}: not a kbverify store ({error})") from None
+
+    def _check_version(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > STORE_VERSION:
+            self._db.close()
+            raise InputError(f"{self.path}: a store of format version {version}, newer than this kbverify reads "
+                             f"(up to {STORE_VERSION}); read it with the kbverify that wrote it, or a newer one")
+
+    @property
+    def version(self) -> int:
+        """The store's format version (0: written before stores carried one)."""
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
 
     def close(self) -> None:
         self._db.close()

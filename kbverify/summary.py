@@ -107,7 +107,8 @@ def short_provenance(verdicts: Sequence[Verdict], given: dict | None) -> dict:
         known = hashes.setdefault(verdict.protocol, [])
         if verdict.protocol_sha256 and verdict.protocol_sha256[:12] not in known:
             known.append(verdict.protocol_sha256[:12])
-    # how each verdict's submission processes were confined (Verdict.isolation; older records say "degraded")
+    # how each verdict's submission processes were confined (Verdict.isolation; a record without it reads
+    # "degraded": nothing in it shows they were)
     isolation = [v.isolation for v in verdicts if v.isolation]
     return {"machine": machine, "mixed_machines": len(gpus) > 1 or len(values("host_cpu")) > 1,
             "software": software, "runs": [_run_line(run) for run in runs],

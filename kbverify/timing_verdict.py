@@ -244,7 +244,8 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
         return Status.EXPLOIT_STALE_OUTPUT, "no timed output could be checked against the reference", warnings
     if stale.get("n_mismatches"):
         gross = [m for m in stale["mismatches"] if _grossly_wrong(m)]
-        # mismatches beyond those listed (older records kept ten) count as gross: nothing is known about them
+        # a record may count more mismatches than it lists (the list is capped); the unlisted ones count as
+        # gross: nothing is known about them
         unlisted = stale["n_mismatches"] - len(stale["mismatches"])
         if gross or unlisted > 0 or stale["n_mismatches"] > MARGINAL_FRACTION * stale["checked"]:
             first = (gross or stale["mismatches"])[0]

@@ -91,21 +91,24 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="list every module, not only those over the limits")
     args = parser.parse_args()
     found = modules()
-    graph, broken = {}, 0
+    graph, big_modules, long_count = {}, 0, 0
     for name, path in found.items():
         text = path.read_text()
         tree = ast.parse(text)
         graph[name] = imports_of(name, tree, set(found))
         lines = len(text.splitlines())
         long = long_functions(tree)
-        broken += (lines > LINES_LIMIT) + len(long)
+        big_modules += lines > LINES_LIMIT
+        long_count += len(long)
         if args.all or lines > LINES_LIMIT or long:
             detail = ", ".join(f"{function} {length}" for function, length in sorted(long, key=lambda x: -x[1]))
             print(f"{lines:5d}  {name}" + (f"   functions over {FUNCTION_LIMIT}: {detail}" if detail else ""))
-    for component in cycles(graph):
-        broken += 1
+    found_cycles = cycles(graph)
+    for component in found_cycles:
         print("cycle: " + " -> ".join(component))
-    print(f"{len(found)} modules; {broken} over the limits or in a cycle")
+    print(f"{len(found)} modules: {big_modules} over {LINES_LIMIT} lines, {long_count} functions over "
+          f"{FUNCTION_LIMIT} lines, {len(found_cycles)} import cycles")
+    broken = big_modules + long_count + len(found_cycles)
     return 1 if broken else 0
 
 

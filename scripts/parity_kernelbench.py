@@ -1,4 +1,4 @@
-"""Parity of `kbverify check --protocol original` with KernelBench v0.1's own eval, on one GPU, in one session.
+"""Parity of `kbverify check --protocol original` with KernelBench v0.1's own eval, both on one GPU, in one run.
 
 Needs a local copy of KernelBench v0.1's `src/` (given with --kb; this script downloads nothing) and the CUDA-L1
 corpus with its anchor subset. For every kernel, alternately KernelBench first or kbverify first:
@@ -25,9 +25,10 @@ from pathlib import Path
 # KernelBench's side is assembled from three parts: the process's start (imports, CUDA), the baseline (its
 # scripts/generate_baseline_time.py), and the eval. KernelBench itself times the baseline in a run of its own and
 # reads it back from a JSON; with --kb-baseline separate (the default) so does this script, so the eval process is
-# what issue 2 counts: a fresh process and eval_kernel_against_ref, which brings up cuBLAS/cuDNN and loads the
-# reference's kernels itself. --kb-baseline same-process runs the baseline first in the eval's process (the
-# records of sessions 7-8 and of session 9's call 9b), which leaves those warm for the eval and outside the cost.
+# what a caller of KernelBench pays per kernel: a fresh process and eval_kernel_against_ref, which brings up
+# cuBLAS/cuDNN and loads the reference's kernels itself. --kb-baseline same-process runs the baseline first in the
+# eval's process (how records without `kb_baseline` were measured), which leaves those warm for the eval and
+# outside the cost.
 KB_PRELUDE = r'''
 import json, sys, time, os
 started = float(sys.argv[5])
@@ -146,7 +147,8 @@ def main() -> None:
     parser.add_argument("--prebuild-only", action="store_true", help="build every kernel for both sides and stop")
     parser.add_argument("--kb-baseline", choices=("separate", "same-process"), default="separate",
                         help="where KernelBench's baseline is timed: a process of its own, as KernelBench does "
-                             "(default), or first in the eval's process (earlier sessions' records)")
+                             "(default), or first in the eval's process (how records without kb_baseline were "
+                             "measured)")
     parser.add_argument("--kb-from", type=int, default=0,
                         help="run KernelBench only from this kernel index on (earlier ones were measured already)")
     args = parser.parse_args()
@@ -231,7 +233,7 @@ def main() -> None:
 def latest_records(files) -> list[dict]:
     """One record per kernel: where a kernel was run again in a later file, the later record (the code being
     measured) replaces the earlier one, in the earlier one's place, unless it lacks one side (a run with
-    --kb-from measured kbverify alone): both sides of a record come from one session."""
+    --kb-from measured kbverify alone): both sides of a record come from one run on one machine."""
     by_id: dict[str, dict] = {}
     for records in files:
         for record in records:
@@ -263,7 +265,7 @@ def _run_kb(args, env: dict, folder: Path) -> dict:
         result.update(baseline=timed.get("baseline"), baseline_s=timed.get("baseline_s", 0.0),
                       baseline_process_s=timed.get("process_s"))
     result["kb_baseline"] = args.kb_baseline
-    # KernelBench's cost as issue 2 defines it: process start and imports, CUDA's start, eval_kernel_against_ref.
+    # KernelBench's cost as a caller pays it: process start and imports, CUDA's start, eval_kernel_against_ref.
     # Not the baseline, which KernelBench reads from a JSON. `baseline_s` (its timed part, without a process start)
     # is kept so the cost with a live baseline (what kbverify pays) can be shown beside it.
     result["process_s"] = sum(result.get(key, 0) for key in ("import_s", "cuda_init_s", "eval_s"))
@@ -391,8 +393,8 @@ def _summary(results: list[dict]) -> str:
 
 
 def _kb_baseline_mode(record: dict) -> str | None:
-    """Where the record's KernelBench runs timed the baseline ("separate" or "same-process"); records written
-    before the option existed timed it in the eval's process when they recorded baseline seconds at all."""
+    """Where the record's KernelBench runs timed the baseline ("separate" or "same-process"); a record without
+    `kb_baseline` timed it in the eval's process when it recorded baseline seconds at all."""
     runs = record.get("kb_runs") or []
     if not runs:
         return None

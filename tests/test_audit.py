@@ -391,35 +391,6 @@ def test_report_only_runs_nothing_and_shows_what_the_partial_file_lacks(tmp_path
     assert len(Path(f"{prefix}.partial.jsonl").read_text().splitlines()) == 2  # nothing appended
 
 
-def test_compare_audits_lists_changed_verdicts_flags_and_errors_and_fails_on_a_verdict(tmp_path):
-    import subprocess
-    import sys
-
-    def task(key, degenerate_under=(), flags=(), error=None):
-        return {"key": key, "degenerate": bool(degenerate_under), "degenerate_under": list(degenerate_under),
-                "flags": list(flags), "error": error}
-
-    old = {"tasks": [task("a@1", ["original"], ["near_zero:original"]), task("b@2", flags=["mostly_zero"]),
-                     task("c@3", error="out of memory"), task("d@4")]}
-    new = {"tasks": [task("a@1", ["original"], ["near_zero:original"]), task("b@2", ["original"], ["mostly_zero",
-                     "trivially_passable:ones:original"]), task("c@3", flags=["dead_input"]), task("d@4")]}
-    paths = []
-    for name, report in (("old", old), ("new", new)):
-        paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(report))
-    script = Path(__file__).resolve().parent.parent / "scripts" / "compare_audits.py"
-    run = subprocess.run([sys.executable, str(script), *map(str, paths)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 1
-    lines = run.stdout.splitlines()
-    assert lines[0] == "b@2: degenerate [] -> ['original']; +trivially_passable:ones:original"
-    assert lines[1].startswith("c@3: error gone")
-    assert lines[-1] == "3 tasks with evidence in both; 1 verdicts changed, 2 tasks listed"
-    same = subprocess.run([sys.executable, str(script), str(paths[0]), str(paths[0])], capture_output=True, text=True,
-                          timeout=60)
-    assert same.returncode == 0 and same.stdout.splitlines() == ["3 tasks with evidence in both; 0 verdicts changed, "
-                                                                  "0 tasks listed"]
-
-
 def test_a_timing_threshold_beyond_what_the_worker_decides_exactly_is_refused():
     from kbverify.audit import AuditSettings, AuditThresholds, audit_tasks
     from kbverify.errors import InputError

@@ -81,7 +81,8 @@ def test_the_check_example_prints_what_the_readme_shows(tmp_path):
 
 def test_every_example_names_a_command_and_options_that_exist():
     examples = example_commands()
-    assert set(examples) == {"check", "rescore", "score", "audit", "hidden generate", "report", "rejudge", "demo"}
+    assert set(examples) == {"check", "rescore", "score", "audit", "hidden generate", "report", "rejudge", "compare",
+                             "demo"}
     for name, example in examples.items():
         words = shlex.split(example)
         assert words[1:1 + len(name.split())] == name.split(), example

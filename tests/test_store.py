@@ -157,3 +157,64 @@ def test_another_programs_database_is_refused_and_left_untouched(tmp_path):
         Store(path)
     with sqlite3.connect(path) as db:
         assert [row[0] for row in db.execute("SELECT name FROM sqlite_master")] == ["photos"]
+
+
+def test_a_new_store_carries_its_format_version_and_its_records_theirs(tmp_path):
+    import sqlite3
+
+    from kbverify.records import RECORD_VERSION
+    from kbverify.store import STORE_VERSION
+
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        store.put("u1", "r1", _verdict())
+        assert store.version == STORE_VERSION
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_VERSION
+        record = json.loads(db.execute("SELECT record FROM verdicts").fetchone()[0])
+    assert record["format_version"] == RECORD_VERSION
+
+
+def test_a_store_and_records_from_before_versions_read_as_they_always_did(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with Store(path) as store:
+        store.put("u1", "r1", _verdict())
+    with sqlite3.connect(path) as db:  # what a store written before versions looks like
+        record = json.loads(db.execute("SELECT record FROM verdicts").fetchone()[0])
+        del record["format_version"]
+        db.execute("UPDATE verdicts SET record = ?", (json.dumps(record),))
+        db.execute("PRAGMA user_version = 0")
+    with Store(path, existing=True) as store:
+        [(_, verdict)] = store.verdicts()
+        assert verdict == _verdict() and store.version == 0
+    with Store(path) as store:  # opening it to add to it leaves its version alone
+        assert store.version == 0
+
+
+def test_a_store_or_a_record_of_a_newer_format_is_refused_in_one_line(tmp_path):
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kbverify.store import STORE_VERSION
+
+    path = tmp_path / "new.sqlite"
+    with Store(path) as store:
+        store.put("u1", "r1", _verdict())
+    with sqlite3.connect(path) as db:
+        record = json.loads(db.execute("SELECT record FROM verdicts").fetchone()[0])
+        db.execute("UPDATE verdicts SET record = ?", (json.dumps({**record, "format_version": 99}),))
+    with Store(path, existing=True) as store, pytest.raises(InputError, match="format_version 99"):
+        store.verdicts()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {STORE_VERSION + 1}")
+    with pytest.raises(InputError, match=f"format version {STORE_VERSION + 1}, newer than this kbverify reads"):
+        Store(path, existing=True)
+    repo = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-m", "kbverify", "rejudge", str(path)], cwd=repo, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert run.stderr.startswith(f"kbverify: {path}: a store of format version {STORE_VERSION + 1}")

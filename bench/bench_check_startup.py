@@ -1,6 +1,6 @@
 """What one `kbverify check` costs a caller on this machine, against the floor every such process pays.
 
-    python3 scripts/bench_check_startup.py [--against REV ...] [--repeats 6] [--device cpu]
+    python3 bench/bench_check_startup.py [--against REV ...] [--repeats 6] [--device cpu]
 
 Runs `python3 -m kbverify check SUB --task TASK --protocol original --json` as a caller that reads its output
 would (`subprocess.run(capture_output=True)`: it waits until every process holding the pipes has let go), beside
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from bench_audit import _export  # noqa: E402  (the tracked files at a revision, in a temporary folder)
 

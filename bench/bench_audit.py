@@ -1,6 +1,6 @@
 """What the audit costs: the same tasks audited twice, one after the other on this machine, and compared.
 
-    python3 scripts/bench_audit.py TASKS_DIR [--device cpu] [--against REV] [--hidden] [--seeds 3] [--json OUT]
+    python3 bench/bench_audit.py TASKS_DIR [--device cpu] [--against REV] [--hidden] [--seeds 3] [--json OUT]
 
 With --against REV, the code at git revision REV (a temporary `git archive` of it) and the working tree each
 audit the tasks in a process of their own; without it, the working tree audits them with the bf16/fp16 null

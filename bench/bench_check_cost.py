@@ -1,6 +1,6 @@
 """What one `kbverify check` costs per kernel, phase by phase, with native builds excluded.
 
-    python3 scripts/bench_check_cost.py [--pair TASK=SUBMISSION ...] [--corpus DIR] [--protocol verified]
+    python3 bench/bench_check_cost.py [--pair TASK=SUBMISSION ...] [--corpus DIR] [--protocol verified]
         [--device cuda:0] [--budget-s S] [--json OUT]
 
 Default pairs: every file of tests/gpu_corpus/honest (the task comes from its `# kbverify-test: task=...` header).
@@ -33,7 +33,9 @@ from kbverify.tasks import Task, load_task  # noqa: E402
 
 DEFAULT_CORPUS = REPO / "tests" / "gpu_corpus" / "honest"
 _HEADER = re.compile(r"#\s*kbverify-test:.*\btask=(\S+)")
-_CHILD_MESSAGE = "%s child for %s: %.2f s"
+# The runner's "<job> child for <id>: <s> s (<timeline>)" record, read from its rendered text (here and in a
+# rescore's stderr alike) rather than its format string, which grows details the table does not need.
+_CHILD_LINE = re.compile(r"(\w+) child for (\S+): ([\d.]+) s\b")
 
 
 class PhaseLog(logging.Handler):
@@ -44,9 +46,9 @@ class PhaseLog(logging.Handler):
         self.phases: list[tuple[str, str, float]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg == _CHILD_MESSAGE and record.args and len(record.args) >= 3:
-            job, submission_id, wall_s = record.args[:3]
-            self.phases.append((str(job), str(submission_id), float(wall_s)))
+        match = _CHILD_LINE.match(record.getMessage())
+        if match:
+            self.phases.append((match[1], match[2], float(match[3])))
 
 
 def corpus_pairs(folder: Path) -> list[tuple[Path, Path]]:
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_LOGGED_CHILD = re.compile(r"kbverify\.runner: (\w+) child for (\S+): ([\d.]+) s")
+_LOGGED_CHILD = re.compile(r"kbverify\.runner: " + _CHILD_LINE.pattern)
 
 
 def from_rescore(store_path: Path, logs: list[Path], protocol: str) -> int:

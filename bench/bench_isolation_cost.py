@@ -1,6 +1,6 @@
 """What the sandbox costs: `check --protocol verified` wall time with isolation against without it.
 
-    python3 scripts/bench_isolation_cost.py CORPUS.jsonl --select SUBSET.json [--count N] [--device cuda:0]
+    python3 bench/bench_isolation_cost.py CORPUS.jsonl --select SUBSET.json [--count N] [--device cuda:0]
 
 For each of the first N verifiable kernels of the selection: one untimed check first (it builds the kernel's
 extension, which both measured checks then load from the cache), then one check with the sandbox (the default)

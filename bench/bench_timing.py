@@ -1,6 +1,6 @@
 """How precise is kbverify's interleaved timing on this GPU, and how does KernelBench's own method compare?
 
-    python3 scripts/bench_timing.py --out DIR [--device cuda:0] [--repeats 3] [--budget-s 2.0] [--only NAME,...]
+    python3 bench/bench_timing.py --out DIR [--device cuda:0] [--repeats 3] [--budget-s 2.0] [--only NAME,...]
 
 For each benchmark task (references from ~10 us to a few ms):
   1. A/A: the reference timed against an identical copy of itself by the `reference_timing` worker (interleaved

@@ -7,7 +7,7 @@ copied into the call's input, an L2 flush, a device-wide synchronise, and betwee
 added one at a time, in one process, interleaved call by call, and prints each variant's medians and ratio: the
 variant where the ratio leaves KernelBench's is the step that matters.
 
-    python3 scripts/host_kind_factors.py TASK.py SUBMISSION.py [--calls 200] [--idle-ms 1.0]
+    python3 bench/host_kind_factors.py TASK.py SUBMISSION.py [--calls 200] [--idle-ms 1.0]
 
 GPU only (the events and the flush are CUDA's).
 """
