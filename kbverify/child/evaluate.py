@@ -539,7 +539,7 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
                 if nudge_seed is not None and over_plain_limits(entry["candidate_vs_fp64"]):
                     spreads = moved_spreads(model, pristine, call_seed, truth, nudge_seed)
                     if spreads is not None:
-                        entry["moved_vs_fp64"] = summarize_within_moved(truth, candidate, spreads, reference)
+                        entry["moved_vs_fp64"] = summarize_within_moved(truth, candidate, spreads)
     except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
         entry["candidate_output_error"] = short_error(error)
     return entry

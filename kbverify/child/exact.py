@@ -9,7 +9,7 @@ import gc
 import torch
 
 from kbverify.child.worker import set_seed, short_error
-from kbverify.correctness import CHUNK_ELEMENTS, ROUNDING_ALLOWANCE, TOLERANCE_GRID, flatten_outputs
+from kbverify.correctness import CHUNK_ELEMENTS, TOLERANCE_GRID, flatten_outputs
 from kbverify.inputs import clone_inputs, derive_seed
 
 
@@ -114,28 +114,15 @@ def moved_spread(truth, moved):
     return (moved.detach().reshape(-1).to(device=t.device, dtype=torch.float64) - t).abs() / (1.0 + t.abs())
 
 
-def summarize_within_moved(truth, candidate, spreads: list, reference=None, factor: float = MOVED_FACTOR,
-                           reference_factor: float = ROUNDING_ALLOWANCE) -> dict:
-    """The candidate against float64, each element's limit at every tolerance of the grid raised, where that is
-    larger, to `factor` times its own spread (`moved_spread`, the widest over the moves) and to `reference_factor`
-    times the fp32 reference's own error at that element (`reference`, its outputs): a candidate at least as close
-    to float64 as the reference, element by element, always passes, and an allowance the reference's error grants
-    is spent only where the reference itself errs, never on an element of the candidate's choosing. Per output:
-    the worst ratio, the count over, and the widest limit (what bounds the audit screen)."""
+def summarize_within_moved(truth, candidate, spreads: list, factor: float = MOVED_FACTOR) -> dict:
+    """The candidate against float64, each element's limit at every tolerance of the grid raised to `factor` times
+    its own spread (`moved_spread`, the widest over the moves) where that is larger. Per output: the worst ratio,
+    the count over, and the widest limit (what bounds the audit screen)."""
     refs, cands = flatten_outputs(truth), flatten_outputs(candidate)
-    fp32 = flatten_outputs(reference) if reference is not None else [None] * len(refs)
-    if len(refs) != len(cands) or len(refs) != len(spreads) or len(fp32) != len(refs):
+    if len(refs) != len(cands) or len(refs) != len(spreads):
         return {"structure_mismatch": f"{len(refs)} float64 outputs, {len(cands)} candidate outputs"}
-    parts = []
-    for r, c, spread, own in zip(refs, cands, spreads, fp32):
-        with_reference = isinstance(own, torch.Tensor) and own.shape == r.shape
-        if with_reference:
-            spread = torch.maximum(spread * factor, moved_spread(r, own) * reference_factor) / factor
-        part = _within_moved(r, c, spread, factor)
-        if with_reference and "grid" in part:
-            part["reference_factor"] = reference_factor
-        parts.append(part)
-    return {"outputs": parts, "factor": factor}
+    return {"outputs": [_within_moved(r, c, spread, factor) for r, c, spread in zip(refs, cands, spreads)],
+            "factor": factor}
 
 
 def _within_moved(ref, cand, spread, factor: float) -> dict:
