@@ -22,7 +22,8 @@ from kbverify.inputs import apply_distribution, clone_inputs, derive_seed, draw_
 from kbverify.child.handover_files import (HANDOVER_TENSOR_BYTES, handover_limit, read_regular as _read_regular,
                                           too_large as _too_large)
 from kbverify.child.precision import set_tf32
-from kbverify.child.worker import (compile_untrusted, ExtensionWatch, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
+from kbverify.child.extensions import ExtensionWatch
+from kbverify.child.worker import (compile_untrusted, announce, device_from, format_traceback, is_cuda_fatal, set_seed,
                              short_error, synchronize, task_from)
 
 POISON_NAN = float("nan")

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from kbverify.child.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
-                             task_from, to_device)
+from kbverify.child.extensions import ExtensionWatch
+from kbverify.child.worker import announce, device_from, set_seed, short_error, synchronize, task_from, to_device
 
 SEED = 42
 ATOL = RTOL = 1e-2

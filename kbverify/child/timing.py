@@ -23,7 +23,8 @@ from kbverify.child.evaluate import build_reference, construct_candidate, in_pro
 from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
 from kbverify.child.timed_call import _SLEEP, KINDS, _timed_call, flush_buffer
 from kbverify.child.timed_call import Cover as _Cover
-from kbverify.child.worker import (ExtensionWatch, announce, compile_untrusted, device_from, set_seed, short_error,
+from kbverify.child.extensions import ExtensionWatch
+from kbverify.child.worker import (announce, compile_untrusted, device_from, set_seed, short_error,
                                    synchronize, task_from)
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs, timed_inputs
