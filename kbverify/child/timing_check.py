@@ -18,7 +18,8 @@ from kbverify.child.timing import _reference_signature
 from kbverify.child.timing_sides import Projector
 from kbverify.child.worker import announce, device_from, set_seed, task_from
 from kbverify.child.exact import FP64_INPUT_BYTES_LIMIT
-from kbverify.correctness import ROUNDING_ALLOWANCE, flatten_outputs
+from kbverify.allowances import ROUNDING_ALLOWANCE
+from kbverify.correctness import flatten_outputs
 from kbverify.inputs import clone_inputs, derive_seed, timed_inputs
 
 
