@@ -15,9 +15,12 @@ PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "
                "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
                "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats",
                "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor", "kbverify.counting",
-               "kbverify.summary", "kbverify.report_tables", "kbverify.report_html"]
+               "kbverify.summary", "kbverify.report_tables", "kbverify.report_html", "kbverify.correctness",
+               "kbverify.allowances"]
 CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
-              "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
+              "kbverify.child.audit_worker", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover",
+              "kbverify.child.extensions", "kbverify.child.output_handover", "kbverify.child.timing_sides",
+              "kbverify.child.timing_rounds", "kbverify.child.timing_record"}
 
 
 def _imported_after(modules: list[str]) -> set[str]:
