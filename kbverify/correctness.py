@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kbverify import allowances
+
 TOLERANCE_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 _QUANTILE_SAMPLE = 1 << 20
 _QUANTILE_TOLERANCES = (1e-3, 1e-2)  # the tails worth keeping: the tolerances protocols use
@@ -83,50 +85,72 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
               "max_abs_diff": -1.0, "worst": None}
     grid = {repr(tol): {"max_ratio": 0.0, "over": 0, "samples": []} for tol in TOLERANCE_GRID}
     for start in range(0, numel, chunk):
-        r_source, c_source = ref_flat[start:start + chunk], cand_flat[start:start + chunk]
-        r = r_source.to(torch.float64)
-        magnitude = r.abs()
-        # not finite exactly when some element is not (max propagates NaN): cheaper than isfinite, which is four
-        # kernels, and the maximum is needed anyway
-        ref_max = float(magnitude.max())
-        first_sample = (-start) % step
-        if math.isfinite(ref_max) and _identical(r_source, c_source):
-            _add_identical_chunk(totals, grid, r, ref_max, c_source, start, first_sample, step)
-            continue
-        c = c_source.to(torch.float64)
-        diff = (c - r).abs()
-        if not (math.isfinite(ref_max) and math.isfinite(float(diff.max()))):
-            # Some value is not finite (or a difference overflows float64, where every mask below is all true and
-            # the numbers are those of the plain path): finite values are compared, the others counted.
-            ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
-            # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
-            nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
-            totals["nonfinite_mismatch"] += int(torch.count_nonzero((ref_finite != cand_finite)
-                                                                    | (~ref_finite & ~nonfinite_equal)))
-            totals["ref_nonfinite"] += int(torch.count_nonzero(~ref_finite))
-            both = ref_finite & cand_finite
-            r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
-            diff = (c - r).abs()
-            magnitude = r.abs()
-            ref_max = float(magnitude.max())
-        totals["ref_max_abs"] = max(totals["ref_max_abs"], ref_max)
-        totals["ref_sq"] += float(torch.dot(r, r))
-        totals["diff_sq"] += float(torch.dot(diff, diff))
-        local = int(diff.argmax())
-        if float(diff[local]) > totals["max_abs_diff"]:
-            totals["max_abs_diff"] = float(diff[local])
-            totals["worst"] = (start + local, float(r[local]), float(c[local]))
-        # diff / (tol + tol·|r|) = (diff / (1 + |r|)) / tol: one division for the whole grid
-        scaled = diff / (1.0 + magnitude)
-        largest = float(scaled.max())
-        sampled = scaled[first_sample::step]
-        for tol in TOLERANCE_GRID:
-            entry = grid[repr(tol)]
-            entry["max_ratio"] = max(entry["max_ratio"], largest / tol)
-            if largest > tol:  # else no element is over: the count would be 0
-                entry["over"] += int(torch.count_nonzero(scaled > tol))
-            if tol in _QUANTILE_TOLERANCES:
-                entry["samples"].append((sampled / tol).float())
+        _add_chunk(totals, grid, ref_flat[start:start + chunk], cand_flat[start:start + chunk], start, step)
+    summary.update(_totals_summary(totals, grid, numel, list(ref.shape)))
+    return summary
+
+
+def _add_chunk(totals: dict, grid: dict, r_source, c_source, start: int, step: int) -> None:
+    """One chunk's share of the totals and of the tolerance grid, in float64."""
+    import torch
+
+    r = r_source.to(torch.float64)
+    magnitude = r.abs()
+    # not finite exactly when some element is not (max propagates NaN): cheaper than isfinite, which is four
+    # kernels, and the maximum is needed anyway
+    ref_max = float(magnitude.max())
+    first_sample = (-start) % step
+    if math.isfinite(ref_max) and _identical(r_source, c_source):
+        _add_identical_chunk(totals, grid, r, ref_max, c_source, start, first_sample, step)
+        return
+    c = c_source.to(torch.float64)
+    diff = (c - r).abs()
+    if not (math.isfinite(ref_max) and math.isfinite(float(diff.max()))):
+        r, c, diff, magnitude, ref_max = _finite_only(totals, r, c)
+    totals["ref_max_abs"] = max(totals["ref_max_abs"], ref_max)
+    totals["ref_sq"] += float(torch.dot(r, r))
+    totals["diff_sq"] += float(torch.dot(diff, diff))
+    local = int(diff.argmax())
+    if float(diff[local]) > totals["max_abs_diff"]:
+        totals["max_abs_diff"] = float(diff[local])
+        totals["worst"] = (start + local, float(r[local]), float(c[local]))
+    # diff / (tol + tol·|r|) = (diff / (1 + |r|)) / tol: one division for the whole grid
+    scaled = diff / (1.0 + magnitude)
+    largest = float(scaled.max())
+    sampled = scaled[first_sample::step]
+    for tol in TOLERANCE_GRID:
+        entry = grid[repr(tol)]
+        entry["max_ratio"] = max(entry["max_ratio"], largest / tol)
+        if largest > tol:  # else no element is over: the count would be 0
+            entry["over"] += int(torch.count_nonzero(scaled > tol))
+        if tol in _QUANTILE_TOLERANCES:
+            entry["samples"].append((sampled / tol).float())
+
+
+def _finite_only(totals: dict, r, c) -> tuple:
+    """Some value is not finite (or a difference overflows float64, where every mask below is all true and the
+    numbers are those of the plain path): finite values are compared, the others counted. Returns the chunk's
+    reference, candidate, difference, magnitude and maximum magnitude with both zeroed where either is not finite."""
+    import torch
+
+    ref_finite, cand_finite = torch.isfinite(r), torch.isfinite(c)
+    # non-finite values must match exactly (same inf, NaN where NaN); finite ones are compared numerically
+    nonfinite_equal = (r == c) | (torch.isnan(r) & torch.isnan(c))
+    totals["nonfinite_mismatch"] += int(torch.count_nonzero((ref_finite != cand_finite)
+                                                            | (~ref_finite & ~nonfinite_equal)))
+    totals["ref_nonfinite"] += int(torch.count_nonzero(~ref_finite))
+    both = ref_finite & cand_finite
+    r, c = torch.where(both, r, 0.0), torch.where(both, c, 0.0)
+    diff = (c - r).abs()
+    magnitude = r.abs()
+    return r, c, diff, magnitude, float(magnitude.max())
+
+
+def _totals_summary(totals: dict, grid: dict, numel: int, shape: list[int]) -> dict:
+    """The summary's numbers from the chunks' totals, in the order the summary has always listed them."""
+    import torch
+
+    summary: dict = {}
     summary["nonfinite_mismatch"] = totals["nonfinite_mismatch"]
     summary["ref_nonfinite"] = totals["ref_nonfinite"]
     summary["ref_max_abs"] = totals["ref_max_abs"]
@@ -143,7 +167,7 @@ def _summarize_tensor(ref, cand, chunk: int | None = None) -> dict:
         summary["grid"][repr(tol)] = out
     if totals["worst"] is not None:
         index, ref_value, cand_value = totals["worst"]
-        summary["worst"] = {"index": _unravel(index, list(ref.shape)), "ref": ref_value, "cand": cand_value}
+        summary["worst"] = {"index": _unravel(index, shape), "ref": ref_value, "cand": cand_value}
     return summary
 
 
@@ -316,9 +340,10 @@ def _judge_parts(comparison: dict, baseline: dict | None, reference_error: dict 
         failure = None if exact else _part_failure(part, protocol)
         if failure is not None:
             return failure[0], where + failure[1], False
-        bases = _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index), protocol,
-                                 exact=exact)
-        ok, detail, used = _judge_tensor(part, bases, protocol, _moved_part(moved, index) if exact else None)
+        bases = allowances.allowance_bases(allowances.baseline_part(baseline, index),
+                                           allowances.baseline_part(reference_error, index), protocol, exact=exact)
+        ok, detail, used = _judge_tensor(part, bases, protocol,
+                                         allowances.moved_part(moved, index) if exact else None)
         allowance_used |= used
         if not ok:
             return "incorrect", where + detail, False
@@ -351,103 +376,8 @@ def _usable_exact(exact: ExactEvidence, comparison: dict) -> tuple[dict | None, 
     return against, ""
 
 
-PRECISION_ERROR_CAP = 1e-2  # a float64 rerun further off than this computed something else (e.g. other dropout draws)
-
-
-def _precision_only(part: dict | None) -> dict | None:
-    return part if part is not None and part["norm_rel"] <= PRECISION_ERROR_CAP else None
-
-
-# The fp32 reference's own error against float64 measures how lucky one summation order was, not a precision: an
-# fp32 kernel summing in another order can land several times further off, while anything computed in bf16 or fp16
-# lands thousands of times further (2^16 and 2^13 coarser). Measured on the CPU, an honest im2col convolution on
-# the wide-range set was ×1.44 of the element limit away from float64 where the reference was ×0.217 (6.6×) and
-# ×1.25 away from the reference; the TF32 baseline's factor (4) would fail it. The TF32 baseline is only 2^3
-# finer than bf16, so its factor stays small.
-ROUNDING_ALLOWANCE = 16.0
-# The reference's rounding is large on a few outputs that cancel among large terms, not on the bulk, so that
-# allowance covers a tail only: the candidate's 99.9th percentile and its share of elements over the plain limit
-# may exceed the reference's by the same factor, and the share by this floor at most (honest im2col on the
-# wide-range sets: 0 to 1e-5 of its elements over; the reference: 0 to 1.7e-5). A review showed why: granted to
-# every element, the worst element's allowance let a kernel push 8% of its outputs off by a median 1.3%. Not even one
-# element is allowed beyond the floor: on an output under 10,000 elements that one element was the kernel's to
-# choose (a red team put 0.75% on the largest output of an attention); the moved answer covers honest ones there.
-ROUNDING_TAIL_FLOOR = 1e-4
-
-
-@dataclass(frozen=True)
-class _Allowance:
-    """An error summary the candidate may be judged against instead of the plain limits, and how."""
-
-    base: dict
-    factor: float
-    name: str
-    tail_only: bool  # the bulk of the elements must meet the plain limit; only a tail may use the factor
-    norm_factor: float  # the norm-wise limit is max(norm_rtol, norm_factor × the base's); 0: not relaxed
-
-
-def _allowance_bases(tf32: dict | None, rounding: dict | None, protocol, *, exact: bool = False) -> list[_Allowance]:
-    """The TF32 baseline's error with the protocol's factor; the reference's own rounding with ROUNDING_ALLOWANCE,
-    for the tail of the elements. `exact`: the candidate is measured against float64, as both bases are."""
-    if protocol.rule != "verified" or not protocol.baseline_allowance:
-        return []
-    factor = protocol.baseline_allowance
-    bases = [_Allowance(tf32, factor, "TF32 baseline", False, factor)] if tf32 is not None else []
-    if exact and rounding is not None:
-        # Against float64 the reference's own error is what the reference achieves there, however large (no cap:
-        # a forward that draws random numbers gets no float64 comparison at all, `evaluate._judge_set`). A
-        # candidate doing as well must pass, norm-wise too (SPEC §2); one that differs from the reference only by
-        # its own rounding lands as often above that error as below, hence the tail's factor for the norm too.
-        bases.append(_Allowance(rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64", True, ROUNDING_ALLOWANCE))
-    elif _precision_only(rounding) is not None:
-        bases.append(_Allowance(rounding, ROUNDING_ALLOWANCE, "fp32 reference vs float64", True, 0.0))
-    return bases
-
-
-def _within_allowance(part: dict, allowance: _Allowance, key: str, protocol) -> bool:
-    base, factor, grid, base_grid = allowance.base, allowance.factor, part["grid"][key], allowance.base["grid"][key]
-    if grid["max_ratio"] > max(1.0, factor * base_grid["max_ratio"]):
-        return False
-    if part["norm_rel"] > max(protocol.norm_rtol, allowance.norm_factor * base["norm_rel"]):
-        return False
-    if allowance.tail_only and part["max_abs_diff"] > factor * base["max_abs_diff"]:
-        # the ratios are scaled per element by 1 + |r|, so the base's worst ratio (often at an output near zero,
-        # where cancellation leaves rounding that no scale covers) granted at the largest output would move it by
-        # hundreds of times the base's own largest error: a red team put 1.7% on an attention's largest output so.
-        # Rounding errs in absolute terms at the scale of the terms involved, which the two computations share.
-        return False
-    return not allowance.tail_only or (
-        grid.get("q999_ratio", 0.0) <= max(1.0, factor * base_grid.get("q999_ratio", 0.0))
-        and grid.get("frac_over", 0.0) <= max(ROUNDING_TAIL_FLOOR, factor * base_grid.get("frac_over", 0.0)))
-
-
-def _moved_part(moved: dict | None, index: int) -> dict | None:
-    if not moved or "outputs" not in moved or index >= len(moved["outputs"]):
-        return None
-    part = moved["outputs"][index]
-    return part if "grid" in part else None
-
-
-def _baseline_part(baseline: dict | None, index: int) -> dict | None:
-    if not baseline or "outputs" not in baseline or index >= len(baseline["outputs"]):
-        return None
-    part = baseline["outputs"][index]
-    return part if "grid" in part else None
-
-
-# Measured on the CPU: an honest im2col convolution on the wide-range set erred 2.7× as much as the fp32 reference
-# it was compared with (×1.04 of the element limit against the reference's ×0.385 against float64). Two
-# computations with independent rounding differ by more than either's own error, so a base using a quarter of
-# the limit (1/factor in general) is already close enough to it for an honest kernel to cross.
-def _base_near_limit(allowance: _Allowance, key: str, protocol) -> bool:
-    """SPEC §2 grants the allowance where the baseline itself fails the rules; we grant it from 1/factor of the
-    limit on, so an honest kernel summing in another order is not failed where the base barely passes. Below
-    that the allowance (factor × the base's error) would not exceed the plain limit anyway."""
-    return (allowance.base["grid"][key]["max_ratio"] > 1.0 / allowance.factor
-            or (allowance.norm_factor > 0 and allowance.norm_factor * allowance.base["norm_rel"] > protocol.norm_rtol))
-
-
-def _judge_tensor(part: dict, bases: list[_Allowance], protocol, moved: dict | None = None) -> tuple[bool, str, bool]:
+def _judge_tensor(part: dict, bases: list[allowances.Allowance], protocol,
+                  moved: dict | None = None) -> tuple[bool, str, bool]:
     key = grid_key(protocol.atol)
     element = part["grid"][key]["max_ratio"]
     worst = part.get("worst", {})
@@ -461,7 +391,8 @@ def _judge_tensor(part: dict, bases: list[_Allowance], protocol, moved: dict | N
     if element_ok and norm_ok:
         return True, "", False
     for allowance in bases:
-        if _base_near_limit(allowance, key, protocol) and _within_allowance(part, allowance, key, protocol):
+        if (allowances.base_near_limit(allowance, key, protocol)
+                and allowances.within_allowance(part, allowance, key, protocol)):
             return True, "", True
     if norm_ok and moved is not None and key in moved.get("grid", {}) and moved["grid"][key]["max_ratio"] <= 1.0:
         return True, "", True
@@ -516,10 +447,11 @@ def _screen_rejects(screened: dict, baseline: dict | None, reference_error: dict
         if part["nonfinite_mismatch"]:
             return True
         limit = 1.0
-        for allowance in _allowance_bases(_baseline_part(baseline, index), _baseline_part(reference_error, index),
-                                          protocol, exact=exact):
+        for allowance in allowances.allowance_bases(allowances.baseline_part(baseline, index),
+                                                    allowances.baseline_part(reference_error, index), protocol,
+                                                    exact=exact):
             limit = max(limit, allowance.factor * allowance.base["grid"][key]["max_ratio"])
-        moved_part = _moved_part(moved, index) if exact else None
+        moved_part = allowances.moved_part(moved, index) if exact else None
         if moved_part is not None:
             # no element's own allowance exceeds the widest one: a sampled element past it fails that rule too
             limit = max(limit, moved_part["grid"][key]["allowance_max_ratio"])

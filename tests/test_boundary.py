@@ -18,10 +18,13 @@ PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "
                "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor", "kbverify.counting",
                "kbverify.summary", "kbverify.report_tables", "kbverify.report_html", "kbverify.judge",
                "kbverify.input_plan", "kbverify.audit", "kbverify.audit.command", "kbverify.audit.copies",
-               "kbverify.audit.memory"]
+               "kbverify.audit.memory", "kbverify.correctness", "kbverify.allowances"]
 CHILD_SIDE = {"torch", "kbverify.child.worker", "kbverify.child.evaluate", "kbverify.child.timing", "kbverify.child.kernelbench_v01",
               "kbverify.child.audit_worker", "kbverify.child.audit_family", "kbverify.child.audit_nulls",
-              "kbverify.child.audit_dead", "kbverify.child.audit_tensors", "kbverify.child.footprint_worker", "kbverify.child.guards", "kbverify.child.handover"}
+              "kbverify.child.audit_dead", "kbverify.child.audit_tensors", "kbverify.child.footprint_worker",
+              "kbverify.child.guards", "kbverify.child.handover", "kbverify.child.extensions",
+              "kbverify.child.output_handover", "kbverify.child.timing_sides", "kbverify.child.timing_rounds",
+              "kbverify.child.timing_record"}
 
 
 def _imported_after(modules: list[str]) -> set[str]:

@@ -6,27 +6,29 @@ import pickle
 import pytest
 import torch
 
-from kbverify.child import evaluate
+from kbverify import channel
+from kbverify.child import handover_files, output_handover
 
 LIMIT = 1 << 20
 
 
 def test_an_output_is_handed_over_once_and_removed(tmp_path):
     outputs = [torch.arange(6.0).reshape(2, 3), torch.ones(2)]
-    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", outputs)
-    taken = evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", evaluate.handover_limit(outputs))
+    assert output_handover.publish_output(str(tmp_path), "original/x1/default/s0", outputs)
+    taken = output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu",
+                                        handover_files.handover_limit(outputs))
     assert all(torch.equal(a, b) for a, b in zip(outputs, taken))
     assert not any(name.endswith(".pt") for name in os.listdir(tmp_path)), "taken means gone: the candidate may go on"
 
 
 def test_a_set_without_output_is_marked_so_the_judge_does_not_wait(tmp_path):
-    evaluate.publish_nothing(str(tmp_path), "hidden:0/neg/default/s0")
-    assert evaluate.take_output(str(tmp_path), "hidden:0/neg/default/s0", "cpu", LIMIT) is None
+    output_handover.publish_nothing(str(tmp_path), "hidden:0/neg/default/s0")
+    assert output_handover.take_output(str(tmp_path), "hidden:0/neg/default/s0", "cpu", LIMIT) is None
 
 
 def test_the_judge_stops_waiting_when_the_candidate_is_gone(tmp_path):
-    (tmp_path / evaluate.CANDIDATE_ENDED).write_text("")
-    assert evaluate.take_output(str(tmp_path), "original/x3/default/s0", "cpu", LIMIT) is None
+    (tmp_path / channel.CANDIDATE_ENDED).write_text("")
+    assert output_handover.take_output(str(tmp_path), "original/x3/default/s0", "cpu", LIMIT) is None
 
 
 class _Evil:
@@ -36,15 +38,15 @@ class _Evil:
 
 def test_a_forged_ipc_hand_over_cannot_run_code_in_the_judge(tmp_path):
     path = tmp_path / "forged.pt"
-    path.write_bytes(evaluate._IPC_MAGIC + pickle.dumps([_Evil()]))
+    path.write_bytes(output_handover._IPC_MAGIC + pickle.dumps([_Evil()]))
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        evaluate._load_ipc(path.read_bytes(), LIMIT)
+        output_handover._load_ipc(path.read_bytes(), LIMIT)
 
 
 def test_a_forged_weights_file_cannot_run_code_either(tmp_path):
     (tmp_path / "original__x1__default__s0.pt").write_bytes(pickle.dumps([_Evil()]))
     with pytest.raises(Exception):
-        evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", LIMIT)
+        output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu", LIMIT)
 
 
 def _max_rss_kib() -> int:
@@ -56,14 +58,14 @@ def _max_rss_kib() -> int:
 def test_a_hand_over_larger_than_the_reference_allows_is_refused_unread(tmp_path):
     """A sparse file costs its writer nothing and the judge its memory: past the limit it is not read at all."""
     reference = [torch.zeros(1024, 1024)]  # 4 MiB; the limit: twice its elements at 8 bytes, plus 16 MiB
-    limit = evaluate.handover_limit(reference)
-    assert limit == 16 * 2**20 + 2 * (1024 * 1024 * 8 + evaluate.HANDOVER_TENSOR_BYTES)
+    limit = handover_files.handover_limit(reference)
+    assert limit == 16 * 2**20 + 2 * (1024 * 1024 * 8 + handover_files.HANDOVER_TENSOR_BYTES)
     path = tmp_path / "original__x1__default__s0.pt"
     with open(path, "wb") as handle:
         handle.truncate(1 << 30)  # 1 GiB of nothing
     before = _max_rss_kib()
     with pytest.raises(ValueError, match="more than the reference's outputs allow"):
-        evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", limit)
+        output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu", limit)
     assert _max_rss_kib() - before < 200 * 1024, "the judge read the oversized hand-over"
     assert not path.exists()  # discarded: the candidate may go on
 
@@ -79,9 +81,9 @@ def test_a_hand_over_that_grows_while_read_is_cut_at_the_limit(tmp_path, monkeyp
         seen[6] = 100
         return os.stat_result(seen)
 
-    monkeypatch.setattr(evaluate.os, "fstat", as_first_seen)
+    monkeypatch.setattr(handover_files.os, "fstat", as_first_seen)
     with pytest.raises(ValueError, match="holds 151 bytes, more than"):
-        evaluate._read_regular(str(path), 150)
+        handover_files.read_regular(str(path), 150)
 
 
 def test_an_honest_output_of_another_dtype_or_shape_is_still_read_and_judged(tmp_path):
@@ -89,8 +91,9 @@ def test_an_honest_output_of_another_dtype_or_shape_is_still_read_and_judged(tmp
     shape mismatch rather than a refusal."""
     reference = [torch.zeros(256, 256)]
     wide = [torch.zeros(512, 256, dtype=torch.float64)]
-    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", wide)
-    taken = evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", evaluate.handover_limit(reference))
+    assert output_handover.publish_output(str(tmp_path), "original/x1/default/s0", wide)
+    taken = output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu",
+                                        handover_files.handover_limit(reference))
     assert taken[0].shape == (512, 256) and taken[0].dtype == torch.float64
 
 
@@ -98,18 +101,18 @@ def test_an_unused_sets_hand_over_is_discarded_unread(tmp_path):
     path = tmp_path / "original__x1__default__s0.pt"
     with open(path, "wb") as handle:
         handle.truncate(1 << 40)
-    assert evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", 0) is None
+    assert output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu", 0) is None
     assert not path.exists()
 
 
 def test_own_wait_ignores_files_it_did_not_publish(tmp_path):
     # a decoy output and a planted "judge ended" marker decide nothing: the wait is for its own last output
     (tmp_path / "decoy.pt").write_text("")
-    (tmp_path / evaluate.JUDGE_ENDED).write_text("")
-    evaluate._PUBLISHED.clear()
-    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", [torch.zeros(2)])
-    assert not evaluate._await_previous_consumed(str(tmp_path))  # its own output pending and the judge gone
-    evaluate._PUBLISHED.clear()
+    (tmp_path / channel.JUDGE_ENDED).write_text("")
+    output_handover._PUBLISHED.clear()
+    assert output_handover.publish_output(str(tmp_path), "original/x1/default/s0", [torch.zeros(2)])
+    assert not output_handover.await_previous_consumed(str(tmp_path))  # its own output pending and the judge gone
+    output_handover._PUBLISHED.clear()
 
 
 def test_strays_in_the_hand_over_folder_are_named(tmp_path):
@@ -124,6 +127,7 @@ def test_strays_in_the_hand_over_folder_are_named(tmp_path):
 def test_many_small_tensors_fit_their_bound(tmp_path):
     # torch.save's own record of each tensor (~200 bytes) is allowed for: 100k rows of 4 are not refused
     rows = list(torch.unbind(torch.rand(100_000, 4), dim=0))
-    assert evaluate.publish_output(str(tmp_path), "original/x1/default/s0", rows)
-    taken = evaluate.take_output(str(tmp_path), "original/x1/default/s0", "cpu", evaluate.handover_limit(rows))
+    assert output_handover.publish_output(str(tmp_path), "original/x1/default/s0", rows)
+    taken = output_handover.take_output(str(tmp_path), "original/x1/default/s0", "cpu",
+                                        handover_files.handover_limit(rows))
     assert len(taken) == len(rows)

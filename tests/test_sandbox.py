@@ -137,7 +137,7 @@ _WATCH_PROBE = """
 import importlib.machinery
 import importlib.util
 import sys
-from kbverify.child.worker import ExtensionWatch
+from kbverify.child.extensions import ExtensionWatch
 assert "torch.utils.cpp_extension" not in sys.modules, "imported before the submission asked"
 first, second = ExtensionWatch().install(), ExtensionWatch().install()
 assert "torch.utils.cpp_extension" not in sys.modules, "install() imported it"

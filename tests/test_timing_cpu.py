@@ -121,11 +121,11 @@ def test_the_same_work_measures_as_the_same_speed():
 
 
 def _bare_cover():
-    from kbverify.child.timing import _Cover
+    from kbverify.child.timed_call import Cover
 
-    cover = object.__new__(_Cover)  # no device to calibrate against on the CPU: the length rule alone
-    cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], _Cover.CAP_MS, 1.0
-    cover.probe_ms = _Cover.CAP_MS
+    cover = object.__new__(Cover)  # no device to calibrate against on the CPU: the length rule alone
+    cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], Cover.CAP_MS, 1.0
+    cover.probe_ms = Cover.CAP_MS
     return cover
 
 
@@ -164,9 +164,9 @@ def test_a_forward_that_always_waits_on_the_device_keeps_the_hold_at_its_floor()
 def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     import torch
 
-    from kbverify.child.timing import _Side
+    from kbverify.child.timing_sides import Side
 
-    side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    side = Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     seen_fresh = seen_refilled = False
     for call in range(40):
         base = torch.full((3, 4), float(call))
@@ -189,9 +189,9 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
 def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_tensors():
     import torch
 
-    from kbverify.child.timing import _Side
+    from kbverify.child.timing_sides import Side
 
-    side = _Side("ref", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    side = Side("ref", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     side.place([torch.zeros(4)])
     assert side.spacer is None  # off unless asked for
     side.jitter_bytes = 1 << 16
@@ -206,9 +206,9 @@ def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_t
 def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
     import torch
 
-    from kbverify.child.timing import _Side
+    from kbverify.child.timing_sides import Side
 
-    side = _Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
+    side = Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     x = torch.randn(4, 4)
     weight = torch.nn.Parameter(torch.randn(3))
     placed = side.place([x, x[1], weight, torch.empty(0)])
@@ -219,11 +219,11 @@ def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
 def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
     import torch
 
-    from kbverify.child.timing import _own_storages, _poison
+    from kbverify.child.timing_sides import own_storages, poison
 
     model = torch.nn.Linear(3, 2)
     fresh = torch.ones(2, 2)
-    _poison([model.weight.detach()[0], fresh], _own_storages(model))
+    poison([model.weight.detach()[0], fresh], own_storages(model))
     assert torch.isfinite(model.weight).all()
     assert torch.isnan(fresh).all()
 

@@ -11,12 +11,13 @@ On a CPU the CUDA events become `perf_counter_ns`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from kbverify.child.worker import (ExtensionWatch, announce, device_from, set_seed, short_error, synchronize,
-                             task_from, to_device)
+from kbverify.child.extensions import ExtensionWatch
+from kbverify.child.worker import announce, device_from, set_seed, short_error, synchronize, task_from, to_device
 
 SEED = 42
 ATOL = RTOL = 1e-2
@@ -101,6 +102,31 @@ def _rebound(before: dict, context: dict, task_source: str, submission_source: s
     return sorted(changed)
 
 
+@dataclass(frozen=True)
+class _SharedReference:
+    """The reference as KernelBench v0.1 builds it, in the namespace the submission will be exec'd into: the
+    namespace itself, the watched names' values before the submission ran, the init inputs and the model."""
+
+    context: dict
+    before: dict
+    init_inputs: list
+    get_inputs: object
+    model: object
+
+    @classmethod
+    def load(cls, task, device) -> "_SharedReference":
+        context: dict = {}
+        Model, get_init_inputs, get_inputs = _load_reference(task.source, context)
+        watched = [name for name in task.constants] + ["Model", "get_inputs", "get_init_inputs"]
+        before = _snapshot(context, watched)
+        set_seed(SEED)
+        init_inputs = to_device(get_init_inputs(), device)
+        with torch.no_grad():
+            set_seed(SEED)
+            original_model = Model(*init_inputs)
+        return cls(context, before, init_inputs, get_inputs, original_model)
+
+
 def eval_job(payload: dict) -> dict:
     device = device_from(payload)
     task = task_from(payload)
@@ -112,15 +138,9 @@ def eval_job(payload: dict) -> dict:
         record["baseline"] = _baseline_before_candidate(payload, device)
 
     announce("reference:load")
-    context: dict = {}
-    Model, get_init_inputs, get_inputs = _load_reference(task.source, context)
-    watched = [name for name in task.constants] + ["Model", "get_inputs", "get_init_inputs"]
-    before = _snapshot(context, watched)
-    set_seed(SEED)
-    init_inputs = to_device(get_init_inputs(), device)
-    with torch.no_grad():
-        set_seed(SEED)
-        original_model = Model(*init_inputs)
+    reference = _SharedReference.load(task, device)
+    context, before, init_inputs = reference.context, reference.before, reference.init_inputs
+    get_inputs, original_model = reference.get_inputs, reference.model
 
     announce("candidate:load")
     watch = ExtensionWatch().install()
@@ -161,6 +181,15 @@ def eval_job(payload: dict) -> dict:
         return record
 
     announce("candidate:timing")
+    _time_candidate(custom_model, get_inputs, payload, device, warmups, timing_trials, record)
+    record["extensions"] = watch.record()
+    return record
+
+
+def _time_candidate(custom_model, get_inputs, payload: dict, device, warmups: int, timing_trials: int,
+                    record: dict) -> None:
+    """The candidate timed as KernelBench times it (one input draw from SEED, autograd on unless the payload says
+    otherwise); a failure is recorded as KernelBench records it, as an error during performance."""
     try:
         synchronize(device)
         set_seed(SEED)
@@ -177,8 +206,6 @@ def eval_job(payload: dict) -> dict:
         record["input_shapes"] = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
     except BaseException as error:  # noqa: BLE001
         record["error_during_performance"] = short_error(error)
-    record["extensions"] = watch.record()
-    return record
 
 
 def _run_and_check(original_model, custom_model, get_inputs, trials: int, device, record: dict) -> bool:

@@ -14,10 +14,12 @@ import torch
 from kbverify.child import timing
 from kbverify.child.evaluate import build_reference, shape_namespaces
 from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
-from kbverify.child.timing import _Projector, _reference_signature
+from kbverify.child.timing import _reference_signature
+from kbverify.child.timing_sides import Projector
 from kbverify.child.worker import announce, device_from, set_seed, task_from
 from kbverify.child.exact import FP64_INPUT_BYTES_LIMIT
-from kbverify.correctness import ROUNDING_ALLOWANCE, flatten_outputs
+from kbverify.allowances import ROUNDING_ALLOWANCE
+from kbverify.correctness import flatten_outputs
 from kbverify.inputs import clone_inputs, derive_seed, timed_inputs
 
 
@@ -36,7 +38,7 @@ def timing_check_job(payload: dict) -> dict:
                                    bool(payload.get("train_mode", True)))
     announce("timing:stale-check")
     wide = _float64_copy(reference)
-    projector = _Projector(secret, device)
+    projector = Projector(secret, device)
     reassert = lambda: assert_baseline_flags(flags)  # noqa: E731
     signature = json.loads(json.dumps(_reference_signature(reference, namespace, device)))
     norm_rtol, allowance = float(payload.get("norm_rtol") or 1e-3), float(payload.get("baseline_allowance") or 0.0)
@@ -149,7 +151,7 @@ def _reference_projections(reference, inputs, secret, index, projector, reassert
 
 
 def _sample_norm_error(got, want) -> float:
-    count = _Projector.COUNT
+    count = Projector.COUNT
     got_sample, want_sample = got[count + 1:], want[count + 1:]
     norm = float(torch.linalg.vector_norm(want_sample))
     diff = float(torch.linalg.vector_norm(got_sample - want_sample))
@@ -159,6 +161,6 @@ def _sample_norm_error(got, want) -> float:
 
 
 def _projection_error(got, want) -> float:
-    count = _Projector.COUNT
+    count = Projector.COUNT
     error = float(torch.sqrt(((got[:count] - want[:count]) ** 2).mean()))
     return error / max(float(want[count]), 1e-30)

@@ -1,0 +1,176 @@
+"""The timing worker's warm-up and its service of the parent's rounds (kbverify.timing_control), batch by batch.
+
+`_serve_batches` and `_warm_up` keep their names: they are the frames above every timed forward, and the adversarial
+submissions of the tests (tests/corpus, tests/test_hang.py) find them by name.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kbverify.child.timed_call import KINDS, _timed_call
+from kbverify.child.timing_sides import Side, output_signature, poison
+from kbverify.child.worker import announce, synchronize
+from kbverify.correctness import flatten_outputs
+from kbverify.inputs import derive_seed, draw_inputs
+
+def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock) -> float:
+    """The parent's rounds (kbverify.timing_control), one side's batch at a time: it names the side and each call's
+    input seed, and reads the times back at once, bounded by its own clock around the batch. Each call's output
+    projections are committed to (a hash per call) before the parent says which calls it checks, so they cannot
+    be redone afterwards. Returns the seconds spent serving."""
+    from kbverify.child import worker
+
+    worker.send({"kind": "reply", "op": "ready"})
+    models = {name: side.model for name, side in sides.items()}
+    started = time.monotonic()
+    pending: list = []
+    while True:
+        command = worker.receive_command()
+        if command is None or command.get("op") == "end":
+            return time.monotonic() - started
+        if command.get("op") == "reveal":
+            side = sides["cand"]
+            chosen = {str(i): side.batch[i] for i in command.get("calls", []) if i in side.batch}
+            worker.send({"kind": "reply", "op": "reveal", "calls": chosen})
+            continue
+        name = "ref" if command.get("side") == "ref" else "cand"
+        kind = command.get("kind") if command.get("kind") in KINDS else "device"
+        side = sides[name]
+        side.batch = {}
+        _check_sides(sides, models)
+        announce("timing:reference" if name == "ref" else "candidate:timing")
+        times = []
+        seeds = command.get("seeds", [])
+        distributions = command.get("distributions") or ["x1"] * len(seeds)
+        for seed, distribution in zip(seeds, distributions):
+            elapsed, seed, inputs, out, early = _timed_call(
+                side, lambda side=side, seed=int(seed), d=str(distribution): side.inputs_for(seed, d), device, flush,
+                projector, reassert if name == "ref" else None, cover, kind)
+            del inputs
+            times.append(elapsed)
+            side.calls.append({"seed": seed})
+            # Both sides get the same host work after every call, or the side whose host has just done more
+            # launches its next call slower. Checked after the device-wide synchronise, before the next call can
+            # touch its inputs (an output may legally be a view of them): work deferred past the call shows up
+            # here. Then the output is poisoned: nothing of the reference's answer is left for the candidate to
+            # find, and a candidate that hands back a tensor it keeps finds NaN in it next time.
+            pending.append((len(side.calls) - 1, out, early))
+            mark = time.perf_counter_ns()
+            _settle(pending, projector, side, device)
+            mark = side.spent("settle", mark)
+            poison(out, side.own_storages)
+            side.spent("poison", mark)
+            del out
+        commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
+        worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
+                     "commits": commits,
+                     "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
+
+
+class HarnessChanged(RuntimeError):
+    """The timing worker's own objects were changed from outside the harness (a frame walk from a forward)."""
+
+
+def _check_sides(sides: dict, models: dict) -> None:
+    """Before every batch: the sides are the harness's as it built them. Their objects are locals of the batch loop,
+    which the tamper snapshot of module globals does not see, and a forward that walks its frames can reach
+    them: a reference swapped for a slower one, a method shadowed on the instance (a draw that waits), a batch
+    store that rewrites what is committed. In-process, so it raises the bar rather than closing the way."""
+    if set(sides) != {"ref", "cand"} or type(sides) is not dict:
+        raise HarnessChanged("the timing sides were replaced")
+    for name, side in sides.items():
+        if type(side) is not Side or side.model is not models[name] or type(side.batch) is not dict:
+            raise HarnessChanged(f"the {name} side's model, class or batch store was replaced")
+        shadowed = [key for key in vars(side) if callable(getattr(Side, key, None))]
+        if shadowed:
+            raise HarnessChanged(f"the {name} side's {shadowed[0]} was replaced on the instance")
+
+
+def commitment(entry: dict) -> str:
+    """What a call's projections and output signature hash to (kbverify.timing_control checks a revealed call
+    against it: the same function, there)."""
+    from kbverify.timing_control import commitment as same
+
+    return same(entry)
+
+
+def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    calls = 0
+    while calls < (4 if cover is not None else 3) or time.monotonic() < deadline:
+        if cover is not None:  # long and short holds in turn, the same for both sides (kbverify.timing_modes)
+            cover.probe_ms = cover.CAP_MS if calls % 2 == 0 else cover.PROBE_SHORT_MS
+        for name, side in sides.items():
+            announce("timing:reference-warmup" if name == "ref" else "candidate:warmup")
+            seed = derive_seed(side.secret, name, "warmup", calls)
+            _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)), device,
+                        flush, projector, reassert if name == "ref" else None, cover)
+        calls += 1
+        if calls >= 50:
+            break
+    for side in sides.values():
+        side.settle_gaps_ms.clear()
+        side.host_ms.clear()
+        side.phase_ns.clear()
+        side.uncovered = 0
+        side.previous_inputs = None
+
+
+def _settle(pending: list, projector, side: Side, device) -> None:
+    synchronize(device)
+    for call_index, out, early in pending:
+        flat = flatten_outputs(out)
+        late = projector(flat)
+        call = side.calls[call_index]
+        call["signature"] = signature = output_signature(flat)
+        both = _to_host([*early, *late])
+        early, late = both[: len(early)], both[len(early):]
+        changed = any((a is None) != (b is None) or (a is not None and not torch.equal(a, b)
+                                                     and not bool(torch.isnan(a).any() and torch.isnan(b).any()))
+                      for a, b in zip(early, late))
+        if changed:
+            call["unsettled"] = True
+        side.keep(call_index, late, signature)
+    pending.clear()
+
+
+def _to_host(vectors: list) -> list:
+    """Projection vectors (or None) to the host in one transfer: a copy and a compare per output each waited on
+    the device, and this runs after every call on both sides."""
+    present = [v for v in vectors if v is not None]
+    if not present:
+        return list(vectors)
+    pieces = iter(torch.cat([v.reshape(-1) for v in present]).cpu().split([v.numel() for v in present]))
+    return [None if v is None else next(pieces) for v in vectors]
+
+
+class SmClock:
+    """The SM clock, read once per round. `torch.cuda.clock_rate` initialises NVML and resolves the device on
+    every call (with a GPU UUID in CUDA_VISIBLE_DEVICES it loads the NVML library and lists every GPU each
+    time), so the handle is resolved once here; it is the first suspect for the 14-140 ms by which rounds
+    outlasted their calls on the H200. Without the private helper, the public call as before."""
+
+    def __init__(self, device):
+        self._read = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            handle = torch.cuda._get_pynvml_handler(device)
+            sm = pynvml.NVML_CLOCK_SM
+            pynvml.nvmlDeviceGetClockInfo(handle, sm)
+            self._read = lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, sm))
+        except Exception:  # noqa: BLE001 - needs nvidia-ml-py and the private helper
+            self._read = lambda: int(torch.cuda.clock_rate(device))
+
+    def __call__(self) -> int | None:
+        if self._read is None:
+            return None
+        try:
+            return self._read()
+        except Exception:  # noqa: BLE001
+            return None

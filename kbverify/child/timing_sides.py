@@ -1,0 +1,243 @@
+"""The two sides of the timing worker, and what every timed call's inputs and outputs go through.
+
+A `Side` is one model (the reference or the candidate) with its bookkeeping: the seeds and distributions the parent
+chose, each call's inputs placed in fresh (or refilled) tensors after the hold, the projections its outputs are
+committed to, and its share of the harness's host time. `Projector` takes secret random projections of each output;
+`poison` fills an output with NaN once it has been checked, so nothing of one side's answer is left for the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+import torch
+
+from kbverify.correctness import flatten_outputs
+from kbverify.inputs import derive_seed, timed_inputs
+
+# Captured when the worker loads, before any submission: `secrets.randbits`, `os.urandom` and `random.Random` are
+# module attributes a submission could replace to make the timed inputs or the round order predictable.
+_URANDOM = os.urandom
+_RANDOM = random.Random
+
+
+def _random_bits(bits: int) -> int:
+    return int.from_bytes(_URANDOM((bits + 7) // 8), "little") & ((1 << bits) - 1)
+
+
+
+class Side:
+    def __init__(self, name: str, model, namespace: dict, device, secret: str, grad: bool):
+        self.name, self.model, self.namespace, self.device = name, model, namespace, device
+        self.secret, self.grad = secret, grad
+        # projection done → device idle: work the call left running beyond its own stream (the projection's
+        # own launches are excluded, or a call faster than the host's launch overhead would look unfinished)
+        self.settle_gaps_ms: list[float] = []
+        self.calls: list[dict] = []
+        self.previous_inputs: list | None = None
+        self.threads_started = 0
+        self.host_ms: list[float] = []  # hold → end event on the host: what the device-side hold has to cover
+        self.probe: list[list[float]] = []  # warm-up: [hold ms, host ms] per call (is the forward blocked?)
+        self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
+        self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
+        self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
+        self.batch: dict[int, dict] = {}  # this batch's calls: index → projections and output signature
+        # Only the reference's own weights are spared the poison: a candidate returning a tensor it keeps (a
+        # registered buffer included) must recompute it every call, and its `parameters()` is its own to fake.
+        self.own_storages = own_storages(model) if name == "ref" and isinstance(model, torch.nn.Module) else frozenset()
+        self._seen = 0
+        self.jitter_bytes = 0  # > 0: a spacer of up to this many bytes allocated before each call's tensors
+        self.spacer = None
+
+    def spent(self, phase: str, since_ns: int) -> int:
+        """Add the time since `since_ns` to `phase`; returns now, the next phase's start."""
+        now = time.perf_counter_ns()
+        self.phase_ns[phase] = self.phase_ns.get(phase, 0) + now - since_ns
+        return now
+
+    def keep(self, call_index: int, projections: list, signature: list) -> None:
+        """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control):
+        the projections' raw bytes, so what is revealed hashes exactly as what was committed to."""
+        self.batch[call_index] = {"projections": [None if p is None else _raw(p) for p in projections],
+                                  "signature": json.loads(json.dumps(signature))}
+
+    def inputs_for(self, seed: int, distribution: str = "x1") -> tuple[int, list]:
+        """The parent chose the seed and the distribution and sends them with the batch: nothing in this process
+        predicts the next."""
+        return seed, timed_inputs(self.namespace, seed, distribution, self.device)
+
+    def place(self, staged: list) -> list:
+        """The call's own input tensors, filled from a finished draw by copies enqueued now (after the hold):
+        a kernel that starts on another stream without waiting reads the last call's values, not this call's.
+        Half the time the previous call's tensors are refilled, which defeats caches keyed on a tensor's address.
+        Lists and tuples are refilled element by element; a tensor that shares its storage with another input
+        (an alias, a view), a tensor subclass or a Parameter, and anything that is not a tensor go to the call
+        as drawn. The caller keeps `staged` alive until the call is over, so no allocation made inside the call
+        can be handed the drawn values' memory."""
+        previous = self.previous_inputs
+        if self.jitter_bytes:
+            # Spacer first, then the call's allocations: each lands at another offset in the allocator's
+            # segments. Two copies of one model differed by a fixed 0.7-1% for a whole run on the H200 (stable
+            # addresses, call after call, are the first suspect); moved every call, that offset is noise the
+            # rounds average and the interval sees. Experimental: off unless the payload asks for it.
+            self.spacer = None
+            self.spacer = torch.empty(_random_bits(32) % self.jitter_bytes // 512 * 512 + 512, dtype=torch.uint8,
+                                      device=self.device)
+        reuse = previous is not None and _random_bits(1) == 1 and _layout(previous) == _layout(staged)
+        if not reuse:
+            self.previous_inputs = previous = None  # freed first: at most two copies of the inputs exist at once
+        shared = _shared_storages(staged)
+        placed = [_refill(value, previous[index] if reuse else None, shared) for index, value in enumerate(staged)]
+        self.previous_inputs = placed
+        return placed
+
+
+def _refill(value, previous, shared: frozenset):
+    if type(value) in (list, tuple):
+        earlier = previous if type(previous) is type(value) and len(previous) == len(value) else [None] * len(value)
+        return type(value)(_refill(item, before, shared) for item, before in zip(value, earlier))
+    if not _refillable(value, shared):
+        return value
+    target = previous if isinstance(previous, torch.Tensor) else torch.empty_strided(
+        value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    with torch.no_grad():
+        target.copy_(value)
+    if value.requires_grad and not target.requires_grad:
+        target.requires_grad_(True)
+    return target
+
+
+def _refillable(value, shared: frozenset) -> bool:
+    if type(value) is not torch.Tensor or value.numel() == 0 or storage_of(value) in shared:
+        return False
+    return _dense(value)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill its memory exactly once in some order of dimensions (contiguous, transposed, channels-last):
+    an empty_strided copy then has the same layout. A slice with gaps or a broadcast (stride 0) is not."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(tensor.shape, tensor.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _shared_storages(values) -> frozenset:
+    seen, shared = set(), set()
+    for tensor in _tensors_in(values):
+        storage = storage_of(tensor)
+        (shared if storage in seen else seen).add(storage)
+    return frozenset(shared)
+
+
+def _tensors_in(values):
+    for value in values:
+        if type(value) in (list, tuple):
+            yield from _tensors_in(value)
+        elif isinstance(value, torch.Tensor):
+            yield value
+
+
+def _layout(value):
+    """What a refill must match: the nesting, and each tensor's shape, strides, dtype and whether it needs grad."""
+    if type(value) in (list, tuple):
+        return (type(value).__name__, tuple(_layout(item) for item in value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", type(value).__name__, tuple(value.shape), tuple(value.stride()), value.dtype,
+                value.requires_grad)
+    return ("value",)
+
+
+class Projector:
+    """Secret random projections of a secret sample of each output's elements.
+
+    Four projections estimate the norm-wise error of a timed output against the reference's on the same inputs
+    (mean square of the differences ≈ ‖c − r‖² over the sample), without keeping outputs around; the kernel cannot
+    know which elements are looked at, so a partial or stale result is caught unless nearly all of it is right.
+    """
+
+    COUNT = 4
+    SAMPLE = 1 << 20
+
+    def __init__(self, secret: str, device):
+        self.secret, self.device, self.plans = secret, device, {}
+
+    def _plan(self, index: int, out: torch.Tensor):
+        key = (index, tuple(out.shape))
+        if key not in self.plans:
+            generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.secret, "proj", key))
+            numel = out.numel()
+            count = min(numel, self.SAMPLE)
+            positions = (torch.randperm(numel, generator=generator, device=self.device)[:count] if numel <= 4 * count
+                         else torch.randint(0, numel, (count,), generator=generator, device=self.device))
+            weights = torch.randn((self.COUNT, count), generator=generator, device=self.device, dtype=torch.float64)
+            self.plans[key] = (positions, weights)
+        return self.plans[key]
+
+    EXACT = 4096  # elements kept as they are, for an exact norm-wise error on checked calls
+
+    def __call__(self, outputs: list) -> list:
+        values = []
+        for index, out in enumerate(outputs):
+            if type(out) is not torch.Tensor or out.numel() == 0:  # a subclass's __torch_function__ never runs
+                values.append(None)
+                continue
+            positions, weights = self._plan(index, out)
+            # take() reads the sampled elements in place, whatever the strides: the projection costs the same for
+            # a non-contiguous output as for a contiguous one (reshape would copy the whole output first)
+            sample = out.detach().take(positions).double()
+            values.append(torch.cat([weights @ sample, torch.linalg.vector_norm(sample).reshape(1),
+                                     sample[: self.EXACT]]))
+        return values
+
+
+def _raw(vector: torch.Tensor) -> str:
+    import base64
+
+    return base64.b64encode(vector.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()).decode()
+
+
+def poison(output, spared: frozenset = frozenset()) -> None:
+    """NaN into every floating output tensor, except one that shares storage with the model's own parameters or
+    buffers (a forward may return one of them as it is)."""
+    with torch.no_grad():
+        for tensor in flatten_outputs(output):
+            if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and type(tensor) is torch.Tensor
+                    and storage_of(tensor) not in spared):
+                tensor.fill_(float("nan"))
+
+
+def storage_of(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (a functional or meta tensor)
+        return -1
+
+
+def own_storages(model) -> frozenset:
+    try:
+        tensors = [*model.parameters(), *model.buffers()]
+    except Exception:  # noqa: BLE001 - a submission's module may not enumerate; then nothing is spared
+        return frozenset()
+    return frozenset(storage_of(t) for t in tensors if isinstance(t, torch.Tensor))
+
+
+def output_signature(outputs: list) -> list:
+    # the full type name: a subclass called "Tensor" is not torch.Tensor
+    return [(f"{type(t).__module__}.{type(t).__qualname__}", tuple(t.shape), str(t.dtype))
+            if type(t) is torch.Tensor else f"{type(t).__module__}.{type(t).__qualname__}" for t in outputs]
+
+
+def make_sides(reference, candidate, namespace: dict, device, secret: str, payload: dict) -> dict:
+    """The reference's side and the candidate's, on the same task namespace (the inputs both draw from)."""
+    sides = {"ref": Side("ref", reference, namespace, device, secret, grad=False),
+             "cand": Side("cand", candidate, namespace, device, secret,
+                          grad=bool(payload.get("candidate_grad_enabled", False)))}
+    for side in sides.values():
+        side.jitter_bytes = int(payload.get("placement_jitter_bytes", 0))
+    return sides
