@@ -122,7 +122,7 @@ def _part(max_ratio: float, norm_rel: float) -> dict:
 
 def test_an_honest_reordering_near_a_busy_reference_passes_and_a_sloppy_kernel_does_not():
     # the cases measured on an im2col convolution on the wide-range set: the fp32 reference uses 0.385 (and, in
-    # session 9, 0.217) of the limit against float64; the honest kernel was ×1.04 (×1.25) off the reference
+    # another draw, 0.217) of the limit against float64; the honest kernel was ×1.04 (×1.25) off the reference
     reference_error = {"outputs": [_part(0.385, 7e-8)]}
     honest = {"outputs": [_part(1.04, 8.5e-8)]}
     outcome, _, allowance = judge_set(honest, None, VERIFIED, reference_error)
