@@ -1,16 +1,16 @@
 # kbverify-test: task=tasks/basic/level1/5_conv_standard_2D_square_input_square_kernel.py
 # expect: original=passed verified=passed
-# open: fails the wide-range set under merge24 and under 301a54a alike: more elements over than the tail's share
-#   (1e-4, or 16x the reference's 8.7e-6), the worst ratio past 16x the reference's on some draws, the moved answer
-#   x3-6 over (its spread moves the data, not the transforms' intermediates), and on one draw in five the largest
-#   absolute error past 16x the reference's (0.277 against 16 x 0.0169 = 0.270): the new clause sits within a
-#   factor of 1 of an honest Winograd's error. CLI, secret bdda1a72802eb849: incorrect under merge24 (3 sets failed,
-#   first original/wide/default/s0: x18.2 off float64 where 16x the reference's x1.03 is x16.5; largest |error|
-#   0.236 against 16 x 0.0162; moved x4.9, 25 elements over) and incorrect under 301a54a (same set, moved x4.9, 22
-#   over). In-process, secret "survey", wide sets s0-s4: 4 of 5 fail under both (s3: 0.277 > 16 x 0.0169)
 # why: Winograd F(4x4, 3x3) in fp32 (Lavin & Gray's transforms; the fp32 algorithm of cuDNN's WINOGRAD_NONFUSED,
 #      oneDNN's and NNPACK's): the input, filter and output transforms round at the scale of the tile's largest
 #      inputs (x1e5 on the wide-range set) with multipliers up to 25 and 1/24, so on outputs that cancel it lands
+# open: fails the wide-range set at 3df52a7 and under 301a54a alike: more elements over than the tail's share
+#   (1e-4, or 16x the reference's 8.7e-6), the worst ratio past 16x the reference's on some draws, the moved answer
+#   x3-6 over (its spread moves the data, not the transforms' intermediates), and on one draw in five the largest
+#   absolute error past 16x the reference's (0.277 against 16 x 0.0169 = 0.270): the new clause sits within a
+#   factor of 1 of an honest Winograd's error. CLI, secret bdda1a72802eb849: incorrect at 3df52a7 (3 sets failed,
+#   first original/wide/default/s0: x18.2 off float64 where 16x the reference's x1.03 is x16.5; largest |error|
+#   0.236 against 16 x 0.0162; moved x4.9, 25 elements over) and incorrect under 301a54a (same set, moved x4.9, 22
+#   over). In-process, secret "survey", wide sets s0-s4: 4 of 5 fail under both (s3: 0.277 > 16 x 0.0169)
 #      ~10-16x the fp32 reference's own largest absolute error off float64 (0.20-0.28 where the reference is
 #      0.017-0.020), at x9-26 of the element limit on 2-3.4e-4 of the elements; norm-wise 5e-7
 import torch
