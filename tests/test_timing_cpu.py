@@ -84,21 +84,23 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     assert verdict.speed_class in ("slower", "ambiguous"), verdict.speed_class
     if high < 0.9:
         assert verdict.speed_class == "slower"
-    # the budget is a cap (a round the machine stalls still ends, and the harness's own work between rounds
-    # counts too, so a loaded 2-core machine gets some slack)
+    # the budget is a cap on when the last round may start (a round the machine stalls still ends, and the
+    # harness's own work between rounds counts too, so a loaded 2-core machine gets some slack); what the parent
+    # does after the last round is not the stopping rule's (a 0.4 s stall there once failed a bound on the whole)
     record = verdict.timing["interleaved"]
     rounds = record["rounds"]
-    last = rounds[-1]
-    # a CPU runs the device kind alone (runner._kinds): no host-kind walls there
-    last_s = sum(last.get(key, 0.0) for key in ("ref_wall_ms", "cand_wall_ms", "ref_host_wall_ms",
-                                                "cand_host_wall_ms")) / 1e3
-    assert record["timing_s"] - last_s <= PROTOCOL.timing_budget_s + 0.2
+
+    def round_s(r) -> float:
+        # a CPU runs the device kind alone (runner._kinds): no host-kind walls there
+        return (r["ref_wall_ms"] + r["cand_wall_ms"] + r.get("ref_host_wall_ms", 0.0) + r.get("cand_host_wall_ms", 0.0)
+                + r.get("reveal_ms", 0) + r.get("reveal_host_ms", 0) + r["between_ms"]) / 1e3
+
+    last_started_s = sum(round_s(r) for r in rounds[:-1]) + rounds[-1]["between_ms"] / 1e3
+    assert last_started_s <= PROTOCOL.timing_budget_s + 0.2
     # every millisecond of the timed span is accounted for by the parent, round by round: both sides' batches of
     # both kinds, the reveal of the checked calls, and its own work between rounds (where a lazy import once spent
     # half the budget unseen); the worker's own span adds only the messages around them
-    accounted_s = sum(r["ref_wall_ms"] + r["cand_wall_ms"] + r.get("ref_host_wall_ms", 0.0)
-                      + r.get("cand_host_wall_ms", 0.0)
-                      + r.get("reveal_ms", 0) + r.get("reveal_host_ms", 0) + r["between_ms"] for r in rounds) / 1e3
+    accounted_s = sum(round_s(r) for r in rounds)
     assert accounted_s <= record["timing_s"] + 0.01 <= accounted_s + 0.06 + 0.01 * len(rounds)
     assert max(r["between_ms"] for r in record["rounds"]) < 100, "the stopping rule's imports must be done before"
 
