@@ -129,7 +129,9 @@ class Clock:
     cand_ms: float
     kind: str  # the batches it was made from: "device" or "host"
     capped: dict = field(default_factory=dict)  # side → factor its device samples were scaled by (< 1)
-    source: str = "worker"  # "worker": the worker's times; "wall": the parent's own clock per batch
+    # "worker": the worker's times; "wall": the parent's own clock per batch; "net_wall": the candidate's times
+    # from the parent's clock less the harness's own time per call, the reference's as reported
+    source: str = "worker"
 
     def to_json(self) -> dict:
         return {"speedup": self.estimate.speedup, "ci": [self.estimate.ci_low, self.estimate.ci_high],
@@ -139,12 +141,13 @@ class Clock:
 
 def clocks(rounds: list, *, confirmed: bool, cap: bool = True) -> dict[str, Clock]:
     """The device clock (capped at each side's host-kind time), the host clock, and the parent's wall clock of
-    each kind. Where the parent's clock did not confirm the worker's times, the device and host clocks are the
-    parent's own wall time per batch of their kind, and the device-kind wall is capped at the host-kind wall the
-    same way: a device-kind batch's wall holds the hold and, for a forward whose host work outlasts it (a `.cpu()`
-    inside the call), that work after it too, so uncapped it read 1.90 ms against 1.52 ms host-inclusive on the
-    H200. `cap=False` on a CPU: both kinds are the same measurement there, and capping one by the other's median
-    would only add the noise of both."""
+    each kind. Where the parent's clock did not confirm the worker's times, the device and host clocks take the
+    candidate's times from the parent's clock, less the harness's own time per call (`net_wall`,
+    timing_control.net_wall_rounds), and the device kind is capped at the host kind the same way: a device-kind
+    batch's wall holds the hold and, for a forward whose host work outlasts it (a `.cpu()` inside the call),
+    that work after it too, so uncapped it read 1.90 ms against 1.52 ms host-inclusive on the H200. `cap=False`
+    on a CPU: both kinds are the same measurement there, and capping one by the other's median would only add
+    the noise of both."""
     out: dict[str, Clock] = {}
     host_pairs = timing_control.paired_rounds(rounds, "host")
     host_walls = timing_control.wall_rounds(rounds, "host")
@@ -153,12 +156,17 @@ def clocks(rounds: list, *, confirmed: bool, cap: bool = True) -> dict[str, Cloc
         out["wall:device"] = _capped(device_walls, host_walls if cap else [], source="wall")
     if host_walls:
         out["wall:host"] = _clock(host_walls, "host", source="wall")
-    if confirmed or "wall:device" not in out:
+    if confirmed or not device_walls:
         out["device"] = _capped(timing_control.paired_rounds(rounds, "device"), host_pairs if cap else [])
-    else:
-        out["device"] = out["wall:device"]
-    if host_pairs:
-        out["host"] = _clock(host_pairs, "host") if confirmed or "wall:host" not in out else out["wall:host"]
+        if host_pairs:
+            out["host"] = _clock(host_pairs, "host")
+        return out
+    net = {kind: timing_control.net_wall_rounds(rounds, kind) for kind in timing_control.KINDS}
+    out["device"] = _capped(net["device"], net["host"] if cap else [], source="net_wall")
+    if net["host"]:
+        out["host"] = _clock(net["host"], "host", source="net_wall")
+    elif host_pairs:
+        out["host"] = _clock(host_pairs, "host")
     return out
 
 

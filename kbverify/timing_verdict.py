@@ -75,7 +75,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     if sm_clocks and min(sm_clocks) < 0.9 * max(sm_clocks):
         warnings.append(Warn.THROTTLED.value)
     timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
-              "mode_evidence": choice.evidence, "clock_used": used if confirmed else "wall",
+              "mode_evidence": choice.evidence, "clock_used": used if confirmed else "net_wall",
               "device_time_confirmed": confirmed, "unexplained_ms": seen,
               "clocks": {name: _clock_json(clock, adjusted.get(name), instances.get(name))
                          for name, clock in clocks.items()}}
@@ -99,7 +99,9 @@ def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gp
     cap = on_gpu and kind == "device"
     beside = _by_distribution(rounds, kind, cap)
     clean_groups = _by_distribution((clean or {}).get("rounds") or [], kind, cap)
-    if confirmed and protocol.guards:  # on the CPU too: nothing else compares the reference beside the candidate
+    # on the CPU too: nothing else compares the reference beside the candidate; the net wall clock keeps the
+    # reference's reported times, so they are compared as the worker's clock's are
+    if (confirmed or clock.source == "net_wall") and protocol.guards:
         tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
         estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, beside, clean_groups, tolerance)
     differences = _instance_differences(beside, clean_groups, slowed)

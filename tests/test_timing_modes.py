@@ -53,7 +53,7 @@ def _probe(blocked: bool, host_ms: float = 0.2) -> list:
 
 
 def _verdict(rounds, *, probe=None, clean=None, device="cuda:0", requested="auto") -> Verdict:
-    interleaved = {"rounds": rounds, "stale": {"checked": 30},
+    interleaved = {"rounds": rounds, "stale": {"checked": 30}, "cover_ms": HOLD_MS,
                    "settle_gaps_ms": {"ref": [0.01] * 30, "cand": [0.01] * 30},
                    "hold_probe": probe or {"ref": _probe(False), "cand": _probe(False)}}
     return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
@@ -63,7 +63,8 @@ def _verdict(rounds, *, probe=None, clean=None, device="cuda:0", requested="auto
 
 
 def _clean(ref: tuple, blocked: bool = False) -> dict:
-    return {"rounds": _rounds(ref, ref, seed=7), "hold_probe": {"ref": _probe(blocked), "cand": _probe(blocked)}}
+    return {"rounds": _rounds(ref, ref, seed=7), "hold_probe": {"ref": _probe(blocked), "cand": _probe(blocked)},
+            "cover_ms": HOLD_MS}
 
 
 # ---- the evidence ------------------------------------------------------------------------------------------
@@ -251,16 +252,86 @@ def test_an_unconfirmed_device_clock_is_capped_at_the_host_wall_too():
     probe = {"ref": _probe(False), "cand": _probe(True)}
     verdict = decide_timing(_verdict(_unconfirmed_host_copy_rounds(), probe=probe), VERIFIED)
     timing = verdict.timing
-    assert Warn.DEVICE_TIME_UNCONFIRMED.value in verdict.warnings and timing["clock_used"] == "wall"
+    assert Warn.DEVICE_TIME_UNCONFIRMED.value in verdict.warnings and timing["clock_used"] == "net_wall"
     assert timing["mode"] == "sync"
     clocks = timing["clocks"]
-    assert clocks["device"]["source"] == "wall" and "cand" in clocks["device"]["capped"]
+    assert clocks["device"]["source"] == "net_wall" and "cand" in clocks["device"]["capped"]
     for device, host in (("device", "host"), ("wall:device", "wall:host")):
         assert clocks[device]["cand_ms"] <= clocks[host]["cand_ms"] * (1 + 1e-9)
         assert clocks[device]["raw"]["ref_ms"] <= clocks[host]["raw"]["ref_ms"] * (1 + 1e-9) if "raw" in clocks[
             device] else clocks[device]["ref_ms"] <= clocks[host]["ref_ms"] * (1 + 1e-9)
-    assert clocks["host"]["cand_ms"] == pytest.approx(1.516, rel=0.02)
+    # the candidate's host-kind wall per call (1.516 ms) less the harness's 0.02 ms the reference's batch shows
+    assert clocks["host"]["cand_ms"] == pytest.approx(1.496, rel=0.02)
     assert verdict.speedup == pytest.approx(clocks["host"]["speedup"])
+
+
+def _unexplained_rounds(ref_ms: float, cand_true_ms: float, cand_claim_ms: float, *, n: int = 40, seed: int = 5,
+                        ref_harness_ms: float = HARNESS_MS, cand_harness_ms: float | None = None,
+                        cand_extra_ms: float = 0.0) -> list[dict]:
+    """Rounds whose candidate batches take `cand_true_ms` a call by the parent's clock but report
+    `cand_claim_ms`; `cand_extra_ms` a call of the candidate's wall that no event sees; the reference's batches
+    show `ref_harness_ms` of harness work a call (both kinds; the device kind also holds the hold)."""
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(n):
+        entry = {"ref_ms": _times(ref_ms, rng), "cand_ms": _times(cand_claim_ms, rng),
+                 "ref_host_ms": _times(ref_ms, rng), "cand_host_ms": _times(cand_claim_ms, rng)}
+        jitter = lambda: 3 * rng.uniform(-0.002, 0.002)  # noqa: E731
+        entry["ref_wall_ms"] = sum(entry["ref_ms"]) + 3 * (ref_harness_ms + HOLD_MS) + jitter()
+        entry["ref_host_wall_ms"] = sum(entry["ref_host_ms"]) + 3 * ref_harness_ms + jitter()
+        harness = ref_harness_ms if cand_harness_ms is None else cand_harness_ms
+        entry["cand_wall_ms"] = 3 * (cand_true_ms + cand_extra_ms + harness + HOLD_MS) + jitter()
+        entry["cand_host_wall_ms"] = 3 * (cand_true_ms + cand_extra_ms + harness) + jitter()
+        rounds.append(entry)
+    return rounds
+
+
+def test_an_unconfirmed_clock_is_the_parents_less_the_harness_not_the_harness_itself():
+    """The H200's level1/12 (a broadcast multiply for diag(A) @ B) was `device_time_unconfirmed` once: the
+    parent's wall per call, harness included, read it 1.12x where its confirmed run read 6.28x. Less the harness
+    the reference's own batches show, the candidate's time is what its batches really took beyond it."""
+    from kbverify.status import Warn
+
+    true_speedup = 0.343 / 0.055
+    rounds = _unexplained_rounds(0.343, 0.055 + 0.02, 0.055, ref_harness_ms=1.5)
+    verdict = decide_timing(_verdict(rounds), VERIFIED)
+    assert Warn.DEVICE_TIME_UNCONFIRMED.value in verdict.warnings
+    clocks = verdict.timing["clocks"]
+    assert clocks["wall:device"]["speedup"] < 1.2  # the raw wall: harness on both sides
+    assert clocks["device"]["source"] == "net_wall"
+    assert clocks["device"]["cand_ms"] == pytest.approx(0.075, rel=0.05)
+    assert 0.343 / 0.075 * 0.95 < verdict.speedup < true_speedup
+
+
+def test_shrunk_times_read_as_the_calls_real_time_on_the_net_wall():
+    """A candidate that reports a quarter of its time: the net wall clock gives it its real time, not its claim,
+    and not the harness's."""
+    rounds = _unexplained_rounds(0.4, 0.4, 0.1)
+    verdict = decide_timing(_verdict(rounds, clean=_clean((0.4, 0.4))), VERIFIED)
+    assert verdict.timing["device_time_confirmed"] is False
+    assert verdict.speedup == pytest.approx(1.0, abs=0.05)
+    assert verdict.timing["clocks"]["host"]["speedup"] == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason="open: the reference's harness share beside the candidate is the only "
+                   "bound; the clean process's differs by up to 0.2 ms a call on the H200 (NOTES)")
+def test_slowing_the_harness_around_the_references_calls_buys_the_candidate_nothing():
+    """A submission that burns host time around the reference's calls (outside their events) makes the
+    reference's batches show more harness work, which hides its own shrunk times from the confirmation and
+    would be subtracted from its calls on the net wall."""
+    rounds = _unexplained_rounds(0.4, 0.4, 0.1, ref_harness_ms=HARNESS_MS + 0.35, cand_harness_ms=HARNESS_MS)
+    verdict = decide_timing(_verdict(rounds, clean=_clean((0.4, 0.4))), VERIFIED)
+    assert verdict.speedup == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_net_wall_never_credits_a_candidate_below_its_own_claim():
+    rounds = _unexplained_rounds(0.4, 0.2, 0.2, ref_harness_ms=HARNESS_MS + 0.5, cand_harness_ms=HARNESS_MS)
+    for r in rounds:  # a reference whose reported times fall short of its batches: unconfirmed by the other side
+        r["cand_wall_ms"] += 3 * 0.3
+        r["cand_host_wall_ms"] += 3 * 0.3
+    verdict = decide_timing(_verdict(rounds), VERIFIED)
+    for name in ("device", "host"):
+        assert verdict.timing["clocks"][name]["cand_ms"] >= 0.2 * 0.99
 
 
 def _costed_rounds(costs: dict, order: list, seed: int) -> list[dict]:
