@@ -295,7 +295,8 @@ def test_blocking_forwards_are_timed_the_way_they_run(blocking: str, builds: dic
         assert clocks["device"]["cand_ms"] <= clocks["host"]["cand_ms"] * (1 + 1e-9)
         assert clocks["device"]["raw"]["ref_ms"] <= clocks["host"]["raw"]["ref_ms"] * (1 + 1e-9)
         if mode == "sync":
-            assert timing["clock_used"] == "host" and verdict.speedup == clocks["host"]["speedup"]
+            # the host clock, from the parent's clock less the harness where the worker's was not confirmed
+            assert timing["clock_used"] in ("host", "net_wall") and verdict.speedup == clocks["host"]["speedup"]
         kernelbench = _kernelbench_speedups(task, submission, case.id)
         _record("blocking_kernelbench", case.id, "original", verdict, str(kernelbench))
         assert _agrees(clocks["host"]["ci"], kernelbench), (clocks["host"], kernelbench)
