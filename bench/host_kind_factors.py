@@ -5,7 +5,9 @@ calls back to back. The host kind (kbverify.child.timed_call, kind "host") adds,
 copied into the call's input, an L2 flush, a device-wide synchronise, and between calls the harness's own work
 (the device idles). This script times the reference and a submission under KernelBench's loop with those steps
 added one at a time, in one process, interleaved call by call, and prints each variant's medians and ratio: the
-variant where the ratio leaves KernelBench's is the step that matters.
+variant where the ratio leaves KernelBench's is the step that matters. `churn` is host work between calls (the
+harness's Python), `project` and `poison` the harness's work on the output after the call; the `+worker` variants
+run last, under a timing worker's state (one torch thread, the tripwire audit hook).
 
     python3 bench/host_kind_factors.py TASK.py SUBMISSION.py [--calls 200] [--idle-ms 1.0]
 
@@ -18,6 +20,9 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _load(task_path: str, submission_path: str):
@@ -33,33 +38,75 @@ def _load(task_path: str, submission_path: str):
     return reference, candidate, inputs, namespace["get_inputs"]
 
 
-VARIANTS = ("kernelbench", "+flush", "+fresh_input", "+idle", "+idle+warm", "+all", "+all+warm")
+VARIANTS = ("kernelbench", "+flush", "+fresh_input", "+idle", "+idle+warm", "+all", "+all+warm",
+            "+flush+fresh_input", "+churn", "+flush+fresh_input+churn", "+flush+fresh_input+churn+project+poison")
+# Run last, in the state a timing worker is in (its audit hook cannot be removed again): one torch thread and the
+# tripwire audit hook (kbverify.child.guards), as the candidate's and the reference's timed calls run under it.
+WORKER_VARIANTS = ("+worker", "+worker+flush+fresh_input+churn+project+poison")
+
+
+def _churn(seconds: float) -> None:
+    """Host work like the harness's between two calls (dicts, lists, hashing, JSON), with the device idle: the
+    host's caches and branch predictors hold the harness, not the forward, when the next call starts."""
+    import hashlib
+    import json
+
+    deadline = time.perf_counter() + seconds
+    blob = bytes(range(256)) * 256
+    while time.perf_counter() < deadline:
+        record = {str(i): [i, i * 0.5, str(i)] for i in range(200)}
+        hashlib.sha256(json.dumps(record).encode() + blob).hexdigest()
 
 
 def _one(model, inputs, get_inputs, flush, variant: str, idle_s: float) -> float:
     import torch
 
-    if variant in ("+idle+warm", "+all+warm"):
+    steps = set(variant.split("+")[1:])
+    if "all" in steps:
+        steps |= {"flush", "fresh_input", "idle"}
+    if "warm" in steps:
         time.sleep(idle_s)
-        model(*inputs)  # an untimed call first, as the host kind makes (kbverify.child.timed_call._warm_call)
+        model(*inputs)  # an untimed call first
         torch.cuda.synchronize()
-    if variant in ("+fresh_input", "+all", "+all+warm"):
+    if "churn" in steps:
+        _churn(idle_s)
+    if "fresh_input" in steps:
         with torch.device("cuda"):  # drawn on the device, as the timing worker draws
             fresh = get_inputs()
         for target, value in zip(inputs, fresh):
             if isinstance(target, torch.Tensor):
                 target.copy_(value)
-    if variant in ("+flush", "+all", "+all+warm"):
+    if "flush" in steps:
         flush.zero_()
     torch.cuda.synchronize()
-    if variant in ("+idle", "+all"):
-        time.sleep(idle_s)  # the harness's work between calls: the device idles
+    if "idle" in steps and "warm" not in steps:
+        time.sleep(idle_s)  # the device idles
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    model(*inputs)
+    out = model(*inputs)
     end.record()
+    if "project" in steps:  # a few reductions of the output, stream-ordered after the call, as the harness projects
+        flat = out.float().flatten()
+        _ = (flat.sum(), flat.abs().max(), flat[:: max(1, flat.numel() // 1024)].clone())
     torch.cuda.synchronize()
+    if "poison" in steps:
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
     return start.elapsed_time(end)
+
+
+def _table(reference, candidate, inputs, get_inputs, flush, variants, args) -> None:
+    for variant in variants:
+        times = {"ref": [], "cand": []}
+        for call in range(args.calls):
+            order = [("ref", reference), ("cand", candidate)]
+            if call % 2:  # alternating, so neither side always follows the other
+                order.reverse()
+            for name, model in order:
+                times[name].append(_one(model, inputs, get_inputs, flush, variant, args.idle_ms / 1e3))
+        ref, cand = statistics.median(times["ref"]), statistics.median(times["cand"])
+        mean_ratio = statistics.mean(times["ref"]) / statistics.mean(times["cand"])
+        print(f"{variant:>44} {ref:9.4f} {cand:9.4f} {ref / cand:8.3f}  (means: {mean_ratio:.3f})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,18 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(10):
             reference(*inputs), candidate(*inputs)
         torch.cuda.synchronize()
-        print(f"{'variant':>14} {'ref ms':>9} {'cand ms':>9} {'speedup':>8}")
-        for variant in VARIANTS:
-            times = {"ref": [], "cand": []}
-            for call in range(args.calls):
-                order = [("ref", reference), ("cand", candidate)]
-                if call % 2:  # alternating, so neither side always follows the other
-                    order.reverse()
-                for name, model in order:
-                    times[name].append(_one(model, inputs, get_inputs, flush, variant, args.idle_ms / 1e3))
-            ref, cand = statistics.median(times["ref"]), statistics.median(times["cand"])
-            mean_ratio = statistics.mean(times["ref"]) / statistics.mean(times["cand"])
-            print(f"{variant:>14} {ref:9.4f} {cand:9.4f} {ref / cand:8.3f}  (means: {mean_ratio:.3f})")
+        print(f"{'variant':>44} {'ref ms':>9} {'cand ms':>9} {'speedup':>8}")
+        _table(reference, candidate, inputs, get_inputs, flush, VARIANTS, args)
+        from kbverify.child import guards
+
+        torch.set_num_threads(1)
+        guards.install_tripwires()
+        _table(reference, candidate, inputs, get_inputs, flush, WORKER_VARIANTS, args)
     return 0
 
 

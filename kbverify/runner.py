@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, toolchain
+from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, timing_modes, toolchain
 from kbverify.channel import handover_strays, marker_names
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import derive_seed, new_run_secret
@@ -410,11 +410,39 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
                                               budget_s=max(0.5, protocol.timing_budget_s / 2),
                                               target=protocol.ci_half_width, check=False)
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
+    copy = _blocked_copy(context, payload, record, clean) if protocol.guards else None
     _look_at_gpu(context, "after")
     margin = _noise_margin(context, clean, margin_cache)
     timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
-              "device": context.options.device, "mode_requested": context.options.timing_mode}
+              "device": context.options.device, "mode_requested": context.options.timing_mode,
+              "blocked_copy": copy}
     return decide_timing(dataclasses.replace(verdict, timing=timing), protocol)
+
+
+# The reference made to wait on the device inside its forward, as a blocked candidate does: harness-authored, so
+# its timing process runs no submission code.
+BLOCKED_COPY_SOURCE = """
+class ModelNew(Model):
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+"""
+
+
+def _blocked_copy(context: _Context, payload: dict, record: dict, clean: dict | None) -> dict | None:
+    """Where only the candidate blocks: the reference against its blocked copy, in a process of its own, for how
+    much more a blocked call leaves unexplained (kbverify.timing_control.blocked_exposure_ms). None elsewhere, or
+    when its worker died (the exposure is then 0: the stricter test)."""
+    on_gpu = context.options.device.startswith("cuda")
+    choice = timing_modes.decide_mode(record, clean, on_gpu, context.options.timing_mode)
+    if not on_gpu or not timing_modes.candidate_alone_blocked(choice):
+        return None
+    protocol = context.protocol
+    outcome, driven = _driven(context, "timing", {**payload, "submission_source": BLOCKED_COPY_SOURCE},
+                              budget_s=max(0.5, protocol.timing_budget_s / 2), target=protocol.ci_half_width,
+                              check=False)
+    return None if outcome.died else {"rounds": driven.rounds, "hold_probe": (outcome.result or {}).get("hold_probe")}
 
 
 def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True):

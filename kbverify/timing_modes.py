@@ -94,6 +94,14 @@ def has_host_clock(rounds: list) -> bool:
     return bool(timing_control.paired_rounds(rounds, "host"))
 
 
+def candidate_alone_blocked(choice: ModeChoice) -> bool:
+    """Sync mode because the candidate waits on the device and the reference does not: the one case where the
+    harness's work after a call runs on an idle device for one side only (timing_control.blocked_exposure_ms)."""
+    cand = any(name.startswith("cand:") for name in choice.blocked)
+    ref = any(name.startswith(("ref:", "clean_ref:")) for name in choice.blocked)
+    return choice.mode == "sync" and cand and not ref
+
+
 def decide_mode(record: dict, clean: dict | None, on_gpu: bool, requested: str = "auto") -> ModeChoice:
     """The timing mode from the stored record alone (so `rejudge` reaches the same one)."""
     rounds = record.get("rounds") or []

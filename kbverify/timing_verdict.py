@@ -40,7 +40,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     if not rounds:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
     choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
-    confirmed, seen = timing_control.device_time_confirmed(all_rounds)
+    confirmed, seen = timing_control.device_time_confirmed(all_rounds, _blocked_exposure(verdict.timing, choice))
     clocks = timing_modes.clocks(all_rounds, confirmed=confirmed, cap=on_gpu)
     if choice.mode == "cpu" and "host" not in clocks:  # one measurement on a CPU: the host clock is the device's
         clocks["host"] = clocks["device"]
@@ -83,6 +83,15 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _blocked_exposure(timing: dict, choice) -> float:
+    """The harness's exposure after a blocked call, from the calibration the runner made where only the candidate
+    blocks (timing["blocked_copy"]: no submission code ran there); 0 elsewhere, and where it was not measured."""
+    if not timing_modes.candidate_alone_blocked(choice):
+        return 0.0
+    copy = timing.get("blocked_copy") or {}
+    return timing_control.blocked_exposure_ms(copy.get("rounds") or []) or 0.0
 
 
 def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):

@@ -334,6 +334,60 @@ def test_the_net_wall_never_credits_a_candidate_below_its_own_claim():
         assert verdict.timing["clocks"][name]["cand_ms"] >= 0.2 * 0.99
 
 
+# ---- a candidate that blocks, against a reference that does not: the harness's exposure after its calls -------
+
+EXPOSURE_MS = 0.06  # the H100's: what a blocked call leaves unexplained beyond the same call unblocked
+
+
+def _blocked_copy(exposure_ms: float = EXPOSURE_MS, seed: int = 11) -> dict:
+    """The calibration the runner makes where only the candidate blocks: the reference against its own copy with a
+    device-wide synchronise inside, in a process without submission code."""
+    return {"rounds": _unexplained_rounds(0.15, 0.15, 0.15, cand_extra_ms=exposure_ms, seed=seed)}
+
+
+def _blocked_verdict(cand_true_ms: float, cand_claim_ms: float, *, copy: dict | None, ref_blocked: bool = False):
+    rounds = _unexplained_rounds(0.15, cand_true_ms, cand_claim_ms, cand_extra_ms=EXPOSURE_MS)
+    probe = {"ref": _probe(ref_blocked), "cand": _probe(True)}
+    verdict = _verdict(rounds, probe=probe, clean=_clean((0.15, 0.15), blocked=ref_blocked))
+    verdict.timing["blocked_copy"] = copy
+    return decide_timing(verdict, VERIFIED)
+
+
+def test_an_honest_blocked_candidate_is_confirmed_against_the_calibrated_exposure():
+    """On an H100 every honest blocked kernel of the GPU corpus (cudaDeviceSynchronize in an extension, `.item()`,
+    a host copy) left 40-70 us a call more unexplained than the reference: the harness's projections after the
+    call run on an idle device for it and under the reference's kernels for the reference. Unconfirmed, they went
+    to the net wall and read 1.04x where KernelBench read 1.63-1.85x. The exposure of the reference's own blocked
+    copy (no submission code) now counts as explained."""
+    without = _blocked_verdict(0.08, 0.08, copy=None)
+    assert without.timing["mode"] == "sync" and without.timing["device_time_confirmed"] is False
+    verdict = _blocked_verdict(0.08, 0.08, copy=_blocked_copy())
+    assert verdict.timing["device_time_confirmed"] is True, verdict.timing["unexplained_ms"]
+    assert verdict.timing["clock_used"] == "host"
+    assert verdict.timing["unexplained_ms"]["exposure_ms"] == pytest.approx(EXPOSURE_MS, rel=0.1)
+    assert verdict.speedup == pytest.approx(0.15 / 0.08, rel=0.03)
+
+
+def test_a_blocked_candidate_that_shrinks_its_times_beyond_the_exposure_is_not_confirmed():
+    """The exposure is what a blocked call honestly leaves unexplained, no more: times shrunk by 0.1 ms a call
+    past it read as the parent's clock (net wall), not as the claim."""
+    verdict = _blocked_verdict(0.2, 0.1, copy=_blocked_copy())
+    assert verdict.timing["device_time_confirmed"] is False
+    assert verdict.speedup < 0.15 / 0.2 * 1.1  # the real time, not 1.5x
+
+
+def test_the_exposure_counts_only_where_the_candidate_alone_blocks():
+    """A reference that blocks too has the same exposure (nothing to add), and a stored calibration never widens
+    the test of a candidate that does not block."""
+    both = _blocked_verdict(0.08, 0.08, copy=_blocked_copy(), ref_blocked=True)
+    assert both.timing["unexplained_ms"]["exposure_ms"] == 0.0
+    rounds = _unexplained_rounds(0.15, 0.08, 0.08, cand_extra_ms=EXPOSURE_MS)
+    hold = _verdict(rounds, clean=_clean((0.15, 0.15)))
+    hold.timing["blocked_copy"] = _blocked_copy()
+    hold = decide_timing(hold, VERIFIED)
+    assert hold.timing["mode"] == "hold" and hold.timing["device_time_confirmed"] is False
+
+
 def _costed_rounds(costs: dict, order: list, seed: int) -> list[dict]:
     """A/A rounds whose cost follows the round's distribution: `costs` = {distribution: (device ms, host ms)}."""
     rng = random.Random(seed)
