@@ -442,7 +442,11 @@ def _blocked_copy(context: _Context, payload: dict, record: dict, clean: dict | 
     outcome, driven = _driven(context, "timing", {**payload, "submission_source": BLOCKED_COPY_SOURCE},
                               budget_s=max(0.5, protocol.timing_budget_s / 2), target=protocol.ci_half_width,
                               check=False)
-    return None if outcome.died else {"rounds": driven.rounds, "hold_probe": (outcome.result or {}).get("hold_probe")}
+    if outcome.died:
+        return None
+    result = outcome.result or {}
+    return {"rounds": driven.rounds, "hold_probe": result.get("hold_probe"),
+            "settle_gaps_ms": result.get("settle_gaps_ms")}
 
 
 def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True):

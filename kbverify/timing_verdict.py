@@ -40,7 +40,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     if not rounds:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
     choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
-    confirmed, seen = timing_control.device_time_confirmed(all_rounds, _blocked_exposure(verdict.timing, choice))
+    exposure = _blocked_exposure(verdict.timing, choice)
+    confirmed, seen = timing_control.device_time_confirmed(all_rounds, exposure.unexplained_ms)
     clocks = timing_modes.clocks(all_rounds, confirmed=confirmed, cap=on_gpu)
     if choice.mode == "cpu" and "host" not in clocks:  # one measurement on a CPU: the host clock is the device's
         clocks["host"] = clocks["device"]
@@ -49,7 +50,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     status, message = verdict.status, verdict.message
     if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
         status, message, extra = _timing_guards(record, clean, on_gpu, clocks["device"].ref_ms,
-                                                clocks["device"].cand_ms)
+                                                clocks["device"].cand_ms, exposure.settle_gap_ms)
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
@@ -85,13 +86,26 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
-def _blocked_exposure(timing: dict, choice) -> float:
+@dataclasses.dataclass(frozen=True)
+class _Exposure:
+    """What the harness's work after a blocked call adds, honestly, to what the parent's clock leaves unexplained
+    per call and to the device's time after the end event (the settle gap: for a blocked call it holds the host's
+    launch of the projections on an idle device, 0.05 ms on an H100 against the reference's 0.027)."""
+
+    unexplained_ms: float = 0.0
+    settle_gap_ms: float = 0.0
+
+
+def _blocked_exposure(timing: dict, choice) -> _Exposure:
     """The harness's exposure after a blocked call, from the calibration the runner made where only the candidate
-    blocks (timing["blocked_copy"]: no submission code ran there); 0 elsewhere, and where it was not measured."""
+    blocks (timing["blocked_copy"]: the reference against its own blocked copy, where no submission code ran);
+    none elsewhere, and where it was not measured (the stricter tests)."""
     if not timing_modes.candidate_alone_blocked(choice):
-        return 0.0
+        return _Exposure()
     copy = timing.get("blocked_copy") or {}
-    return timing_control.blocked_exposure_ms(copy.get("rounds") or []) or 0.0
+    gaps = copy.get("settle_gaps_ms") or {}
+    gap = _median(gaps["cand"]) - _median(gaps["ref"]) if gaps.get("cand") and gaps.get("ref") else 0.0
+    return _Exposure(timing_control.blocked_exposure_ms(copy.get("rounds") or []) or 0.0, max(0.0, gap))
 
 
 def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gpu: bool, confirmed: bool):
@@ -236,7 +250,7 @@ def _refusal(record: dict) -> str:
 
 
 def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
-                   cand_ms: float) -> tuple[Status, str, list[str]]:
+                   cand_ms: float, gap_exposure_ms: float = 0.0) -> tuple[Status, str, list[str]]:
     warnings: list[str] = []
     if record.get("refused"):
         return Status.EXPLOIT_TAMPER, _refusal(record), warnings
@@ -273,7 +287,7 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     gaps = record.get("settle_gaps_ms") or {}
     if on_gpu and gaps.get("cand") and gaps.get("ref"):
         excess = _median(gaps["cand"]) - _median(gaps["ref"])
-        if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
+        if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)) + gap_exposure_ms:
             return (Status.EXPLOIT_UNSYNCHRONIZED, f"the device kept working {excess:.3f} ms after the end event "
                     f"(reference: {_median(gaps['ref']):.3f} ms)", warnings)
     threads = (record.get("threads_started") or {}).get("cand", 0)

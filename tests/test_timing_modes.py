@@ -388,6 +388,29 @@ def test_the_exposure_counts_only_where_the_candidate_alone_blocks():
     assert hold.timing["mode"] == "hold" and hold.timing["device_time_confirmed"] is False
 
 
+def _blocked_with_gaps(cand_gap_ms: float, copy_gaps: dict | None):
+    rounds = _unexplained_rounds(0.15, 0.08, 0.08, cand_extra_ms=EXPOSURE_MS)
+    verdict = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(True)}, clean=_clean((0.15, 0.15)))
+    verdict.timing["interleaved"]["settle_gaps_ms"] = {"ref": [0.027] * 30, "cand": [cand_gap_ms] * 30}
+    copy = _blocked_copy()
+    copy["settle_gaps_ms"] = copy_gaps
+    verdict.timing["blocked_copy"] = copy
+    return decide_timing(verdict, VERIFIED)
+
+
+def test_the_settle_gap_of_a_blocked_call_is_judged_against_the_blocked_copys():
+    """After a blocked call the device is idle, so the time from its end event to the projections is the host's
+    launch of them: 0.051 ms on an H100 against the reference's 0.027, which read as work deferred past the call
+    (`exploit:unsynchronized`) for an honest cudaDeviceSynchronize kernel. The reference's blocked copy shows the
+    same; work really deferred past a blocked call still shows beyond it."""
+    honest = _blocked_with_gaps(0.051, None)
+    assert honest.status is Status.EXPLOIT_UNSYNCHRONIZED  # no calibration: the stricter test
+    honest = _blocked_with_gaps(0.051, {"ref": [0.027] * 20, "cand": [0.05] * 20})
+    assert honest.status is Status.PASSED, honest.message
+    deferred = _blocked_with_gaps(0.3, {"ref": [0.027] * 20, "cand": [0.05] * 20})
+    assert deferred.status is Status.EXPLOIT_UNSYNCHRONIZED, deferred.message
+
+
 def _costed_rounds(costs: dict, order: list, seed: int) -> list[dict]:
     """A/A rounds whose cost follows the round's distribution: `costs` = {distribution: (device ms, host ms)}."""
     rng = random.Random(seed)
