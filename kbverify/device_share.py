@@ -4,11 +4,17 @@ A unit's correctness phase (candidate and judge processes over the input sets) m
 torch, loads the task and compares outputs; its GPU work is short. Its timing phase measures, and anything else on
 the device moves the numbers. So each device has a `DeviceLease` over the threads of one process:
 - up to `slots` threads hold the shared lease (CORRECTNESS) at once;
-- the exclusive lease (TIMING) waits until every shared holder has left, and while it waits or holds, no new shared
-  holder is let in: a stream of correctness work can never starve timing;
-- waiters are served in arrival order (FIFO), so neither kind starves the other, and a waiter that would fit
-  (a shared one behind a waiting timing one) does not overtake it.
-With `slots` = 1 the lease is a plain mutex, which is what one evaluating thread per device always was.
+- the exclusive lease (TIMING) is granted only when no shared holder is left, and while the lease *drains* for it,
+  no new shared holder is let in: a stream of correctness work can never starve timing;
+- the lease drains once `batch` timing requests wait, or one has waited `defer_s`, or no correctness is waiting,
+  or nothing is held and timing asked first (a drain then costs nothing); it keeps draining until no timing request waits, so the timing
+  phases that gathered run back to back. Each drain leaves slots idle while the longest correctness phase still
+  running ends (tens of seconds for a large task), so draining for every timing phase at once (`batch` = 1) cost
+  more than sharing bought: on the H200, 40 anchor kernels took 330 s at four slots against 341 s at one;
+- within each kind, requests are served in arrival order (FIFO).
+With `slots` = 1 and `batch` = 1 the lease is a plain mutex, which is what one evaluating thread per device always
+was. The executor runs more threads than slots (`threads_for`), so that timing requests can gather while every slot
+still checks correctness.
 
 Every acquisition has a deadline (`wait_s`): the holders ahead of it are bounded by their own workers' timeouts, so a
 wait past it is a bug of ours, raised as LeaseTimeout (an infrastructure error: the unit gets no verdict and a rerun
@@ -48,6 +54,9 @@ KINDS = (CORRECTNESS, TIMING)
 # Longest run of workers one phase starts one after another, each within the workers' timeout (timing: the timing
 # worker, the check of its outputs, the clean reference, the reference alone), for the default deadline.
 WORKERS_PER_PHASE = 4
+# The longest a timing request waits for others to gather before the lease drains for it anyway: a bound on how
+# far a unit's timing is put off, well inside any lease deadline (default_wait_s).
+DEFER_S = 60.0
 
 
 class LeaseTimeout(InfrastructureError):
@@ -68,20 +77,23 @@ class LeaseEvent:
 
 
 class _Request:
-    __slots__ = ("kind", "holder", "thread")
+    __slots__ = ("kind", "holder", "thread", "asked")
 
     def __init__(self, kind: str, holder: str):
         self.kind, self.holder, self.thread = kind, holder, threading.get_ident()
+        self.asked = time.monotonic()
 
 
 class DeviceLease:
     """The shared/exclusive lease of one device (see the module's docstring)."""
 
     def __init__(self, device: str, slots: int = 1, *, wait_s: float | None = None,
-                 observer: Callable[[LeaseEvent], None] | None = None):
-        if slots < 1:
-            raise ValueError("a device lease needs at least one shared slot")
+                 observer: Callable[[LeaseEvent], None] | None = None, batch: int = 1, defer_s: float = DEFER_S):
+        if slots < 1 or batch < 1:
+            raise ValueError("a device lease needs at least one shared slot and a timing batch of at least one")
         self.device, self.slots, self.wait_s, self.observer = device, slots, wait_s, observer
+        self.batch, self.defer_s = batch, defer_s
+        self._draining = False
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._shared: dict[int, str] = {}  # thread id → holder
@@ -125,12 +137,14 @@ class DeviceLease:
                         self._emit(request, "timeout")
                         raise LeaseTimeout(f"{self.device}: the {request.kind} lease for {request.holder or '?'} "
                                            f"was not granted within {self.wait_s:g} s")
-                    self._cond.wait(left)
+                    self._cond.wait(_sooner(left, self._until_deferred()))
             except BaseException:  # a timeout, or an interrupt while waiting: leave the queue, wake who is next
                 self._queue.remove(request)
+                self._end_drain_if_done()
                 self._cond.notify_all()
                 raise
-            self._queue.popleft()
+            self._queue.remove(request)
+            self._end_drain_if_done()
             if request.kind == TIMING:
                 self._exclusive = (request.thread, request.holder)
             else:
@@ -151,12 +165,51 @@ class DeviceLease:
             self._cond.notify_all()
 
     def _grantable(self, request: _Request) -> bool:
-        """Only the head of the queue is granted: arrival order, and no overtaking of a waiting timing phase."""
-        if self._queue[0] is not request or self._exclusive is not None:
+        """The first request of its kind, when its kind may go: timing on a drained device while the lease drains,
+        correctness in a free slot while it does not. A drain holds back only the correctness that asked after the
+        timing it drains for, so arrival order holds across the kinds too."""
+        if self._exclusive is not None or self._first(request.kind) is not request:
             return False
+        self._start_drain_if_due()
+        earlier_timing = self._earlier(request, TIMING)
         if request.kind == TIMING:
-            return not self._shared
-        return len(self._shared) < self.slots
+            return self._draining and not self._shared and not self._earlier(request, CORRECTNESS)
+        return not (self._draining and earlier_timing) and len(self._shared) < self.slots
+
+    def _earlier(self, request: _Request, kind: str) -> bool:
+        """Whether a request of `kind` asked before `request` and still waits."""
+        for waiting in self._queue:
+            if waiting is request:
+                return False
+            if waiting.kind == kind:
+                return True
+        return False
+
+    def _first(self, kind: str) -> _Request | None:
+        return next((r for r in self._queue if r.kind == kind), None)
+
+    def _start_drain_if_due(self) -> None:
+        if self._draining:
+            return
+        timing = [r for r in self._queue if r.kind == TIMING]
+        if not timing:
+            return
+        waited = time.monotonic() - timing[0].asked
+        correctness_waits = any(r.kind == CORRECTNESS for r in self._queue)
+        if (len(timing) >= self.batch or waited >= self.defer_s or not correctness_waits
+                or (not self._shared and self._queue[0] is timing[0])):
+            self._draining = True
+
+    def _end_drain_if_done(self) -> None:
+        if self._draining and not any(r.kind == TIMING for r in self._queue):
+            self._draining = False
+
+    def _until_deferred(self) -> float | None:
+        """Seconds until the oldest waiting timing request is due by its wait alone (a waiter wakes then)."""
+        if self._draining:
+            return None
+        oldest = self._first(TIMING)
+        return None if oldest is None else max(0.0, oldest.asked + self.defer_s - time.monotonic()) + 1e-3
 
     def _refuse_nesting(self, request: _Request) -> None:
         thread = request.thread
@@ -171,10 +224,28 @@ class DeviceLease:
                                      len(self._shared), self._exclusive is not None))
 
 
-def default_wait_s(slots: int, worker_timeout_s: float) -> float:
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def threads_for(slots: int) -> int:
+    """Evaluating threads for a device with `slots` shared slots. A thread waiting for timing (or for a slot) holds
+    no process and no device memory, so threads beyond the slots cost nothing but let timing requests gather
+    (`batch_for`) while every slot stays busy. Measured by `bench/bench_lease.py` with the H200 anchor run's phase
+    times: four slots drain best with 16 threads and batches of 12."""
+    return slots if slots == 1 else 4 * slots
+
+
+def batch_for(slots: int) -> int:
+    """The timing requests a lease with `slots` slots waits for before it drains (see threads_for)."""
+    return 1 if slots == 1 else threads_for(slots) - slots
+
+
+def default_wait_s(slots: int, worker_timeout_s: float, defer_s: float = DEFER_S) -> float:
     """A deadline no honest wait reaches: everyone ahead (each other thread of the device holds or waits for one
-    phase, timing ones one at a time) finishes a phase of WORKERS_PER_PHASE workers within their timeout."""
-    return (2 * slots + 1) * WORKERS_PER_PHASE * worker_timeout_s
+    phase, timing ones one at a time, a timing request put off for `defer_s` at most) finishes a phase of
+    WORKERS_PER_PHASE workers within their timeout."""
+    return (2 * threads_for(slots) + 1) * WORKERS_PER_PHASE * worker_timeout_s + defer_s
 
 
 @dataclass(frozen=True)
