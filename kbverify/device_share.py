@@ -6,15 +6,21 @@ the device moves the numbers. So each device has a `DeviceLease` over the thread
 - up to `slots` threads hold the shared lease (CORRECTNESS) at once;
 - the exclusive lease (TIMING) is granted only when no shared holder is left, and while the lease *drains* for it,
   no new shared holder is let in: a stream of correctness work can never starve timing;
-- the lease drains once `batch` timing requests wait, or one has waited `defer_s`, or no correctness is waiting,
-  or nothing is held and timing asked first (a drain then costs nothing); it keeps draining until no timing request waits, so the timing
-  phases that gathered run back to back. Each drain leaves slots idle while the longest correctness phase still
-  running ends (tens of seconds for a large task), so draining for every timing phase at once (`batch` = 1) cost
-  more than sharing bought: on the H200, 40 anchor kernels took 330 s at four slots against 341 s at one;
-- within each kind, requests are served in arrival order (FIFO).
-With `slots` = 1 and `batch` = 1 the lease is a plain mutex, which is what one evaluating thread per device always
-was. The executor runs more threads than slots (`threads_for`), so that timing requests can gather while every slot
-still checks correctness.
+- the lease drains once `batch` timing requests wait, or the oldest has waited `defer_s`, or nothing shared is
+  held (a drain then costs nothing), never while correctness held back by the last drain still waits. While it
+  drains no correctness enters; its batch (the timing requests waiting when it started, and up to `batch` more
+  that ask meanwhile) runs back to back, then the correctness it held back goes first. So each kind waits through
+  at most one turn of the other. Each drain leaves slots idle while the longest correctness phase still running
+  ends (tens of seconds for a large task), which is why timing is gathered: on the H200, 40 anchor kernels took
+  330 s at four slots draining for every timing phase against 341 s at one.
+Measured by `python3 bench/bench_lease.py results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz` (that
+run's phase times replayed as sleeps, 40 verified + 40 original units, four slots; lower bound 0.48 of one at a
+time): draining at once 0.85, 16 threads with batches of 12 (the default) 0.64, 32 threads 0.53. What is left is
+the drains that wait for a long correctness phase: the same units sorted longest correctness first read 0.50, but
+the executor does not know those times before it runs a unit.
+With `slots` = 1 the lease is a mutex (one holder of either kind), which is what one evaluating thread per device
+always was. The executor runs more threads than slots (`threads_for`), so that timing requests can gather while
+every slot still checks correctness.
 
 Every acquisition has a deadline (`wait_s`): the holders ahead of it are bounded by their own workers' timeouts, so a
 wait past it is a bug of ours, raised as LeaseTimeout (an infrastructure error: the unit gets no verdict and a rerun
@@ -77,11 +83,13 @@ class LeaseEvent:
 
 
 class _Request:
-    __slots__ = ("kind", "holder", "thread", "asked")
+    __slots__ = ("kind", "holder", "thread", "asked", "batched", "owed")
 
     def __init__(self, kind: str, holder: str):
         self.kind, self.holder, self.thread = kind, holder, threading.get_ident()
         self.asked = time.monotonic()
+        self.batched = False  # timing: the drain now running serves it
+        self.owed = False  # correctness: held back by the last drain, so it goes before the next
 
 
 class DeviceLease:
@@ -93,7 +101,7 @@ class DeviceLease:
             raise ValueError("a device lease needs at least one shared slot and a timing batch of at least one")
         self.device, self.slots, self.wait_s, self.observer = device, slots, wait_s, observer
         self.batch, self.defer_s = batch, defer_s
-        self._draining = False
+        self._draining, self._joined = False, 0
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._shared: dict[int, str] = {}  # thread id → holder
@@ -127,6 +135,7 @@ class DeviceLease:
         with self._cond:
             self._refuse_nesting(request)
             self._queue.append(request)
+            self._join_drain(request)
             self._emit(request, "wait")
             asked = time.monotonic()
             deadline = None if self.wait_s is None else asked + self.wait_s
@@ -144,11 +153,11 @@ class DeviceLease:
                 self._cond.notify_all()
                 raise
             self._queue.remove(request)
-            self._end_drain_if_done()
             if request.kind == TIMING:
                 self._exclusive = (request.thread, request.holder)
             else:
                 self._shared[request.thread] = request.holder
+            self._end_drain_if_done()
             self._emit(request, "hold")
             self._cond.notify_all()  # the next in line may be a shared request that fits too
         waited = time.monotonic() - asked
@@ -159,22 +168,24 @@ class DeviceLease:
         with self._cond:
             if request.kind == TIMING:
                 self._exclusive = None
+                self._end_drain_if_done()
             else:
                 self._shared.pop(request.thread, None)
             self._emit(request, "release")
             self._cond.notify_all()
 
     def _grantable(self, request: _Request) -> bool:
-        """The first request of its kind, when its kind may go: timing on a drained device while the lease drains,
-        correctness in a free slot while it does not. A drain holds back only the correctness that asked after the
-        timing it drains for, so arrival order holds across the kinds too."""
+        """The first request of its kind, when its kind may go: correctness in a free slot while the lease does not
+        drain, timing on a drained device for a request of the drain's batch. While the lease drains no correctness
+        enters at all, so the batch's timing phases run back to back: letting in a correctness request that asked
+        between two of them left the device to that one phase while the timing behind it waited (bench_lease, 4
+        slots, 16 threads: 26 drains and 0.92 of one at a time before, 3 drains and 0.64 now)."""
         if self._exclusive is not None or self._first(request.kind) is not request:
             return False
         self._start_drain_if_due()
-        earlier_timing = self._earlier(request, TIMING)
         if request.kind == TIMING:
-            return self._draining and not self._shared and not self._earlier(request, CORRECTNESS)
-        return not (self._draining and earlier_timing) and len(self._shared) < self.slots
+            return self._draining and not self._shared and request.batched
+        return not self._draining and len(self._shared) < self.slots
 
     def _earlier(self, request: _Request, kind: str) -> bool:
         """Whether a request of `kind` asked before `request` and still waits."""
@@ -189,20 +200,33 @@ class DeviceLease:
         return next((r for r in self._queue if r.kind == kind), None)
 
     def _start_drain_if_due(self) -> None:
+        """Drains once `batch` timing requests wait, or the oldest has waited `defer_s`, or no shared holder is left
+        and no correctness request asked before the oldest timing one (the drain then costs nothing); never while a
+        correctness request held back by the last drain still waits, so correctness waits through one drain at
+        most. The drain's batch is every timing request waiting now and up to `batch` more that ask while it runs
+        (timing-only units taken meanwhile cost no second drain)."""
         if self._draining:
             return
         timing = [r for r in self._queue if r.kind == TIMING]
-        if not timing:
+        if not timing or any(r.owed for r in self._queue):
             return
         waited = time.monotonic() - timing[0].asked
-        correctness_waits = any(r.kind == CORRECTNESS for r in self._queue)
-        if (len(timing) >= self.batch or waited >= self.defer_s or not correctness_waits
-                or (not self._shared and self._queue[0] is timing[0])):
-            self._draining = True
+        if (len(timing) >= self.batch or waited >= self.defer_s
+                or (not self._shared and not self._earlier(timing[0], CORRECTNESS))):
+            self._draining, self._joined = True, 0
+            for waiting in timing:
+                waiting.batched = True
+
+    def _join_drain(self, request: _Request) -> None:
+        if request.kind == TIMING and self._draining and self._joined < self.batch:
+            request.batched, self._joined = True, self._joined + 1
 
     def _end_drain_if_done(self) -> None:
-        if self._draining and not any(r.kind == TIMING for r in self._queue):
+        """A drain ends when its last timing phase ends (a request asking while that one holds still joins)."""
+        if self._draining and self._exclusive is None and not any(r.batched for r in self._queue):
             self._draining = False
+            for waiting in self._queue:
+                waiting.owed = waiting.kind == CORRECTNESS
 
     def _until_deferred(self) -> float | None:
         """Seconds until the oldest waiting timing request is due by its wait alone (a waiter wakes then)."""
@@ -231,8 +255,9 @@ def _sooner(a: float | None, b: float | None) -> float | None:
 def threads_for(slots: int) -> int:
     """Evaluating threads for a device with `slots` shared slots. A thread waiting for timing (or for a slot) holds
     no process and no device memory, so threads beyond the slots cost nothing but let timing requests gather
-    (`batch_for`) while every slot stays busy. Measured by `bench/bench_lease.py` with the H200 anchor run's phase
-    times: four slots drain best with 16 threads and batches of 12."""
+    (`batch_for`) while every slot stays busy. bench_lease at four slots (see the module's docstring): 8 threads
+    0.70 of one at a time, 12: 0.68, 16: 0.64, 32: 0.53 (one shuffle of 40 anchors; other shuffles of 16 read
+    0.58-0.65). 32 would gather more, but a rerun after an interruption redoes every unit in flight."""
     return slots if slots == 1 else 4 * slots
 
 
