@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 from kbverify import provenance as provenance_module
 from kbverify import task_probe
-from kbverify.device_share import DeviceLease, Sharing, default_wait_s, ran_out_of_memory
+from kbverify.device_share import DeviceLease, Sharing, batch_for, default_wait_s, ran_out_of_memory, threads_for
 from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
 from kbverify.mps import MpsState, private_mps
@@ -237,7 +237,7 @@ class LocalExecutor:
 
     @property
     def workers(self) -> int:
-        return len(self.devices) * self.share
+        return len(self.devices) * threads_for(self.share)
 
     def provenance(self, device: str) -> dict:
         info = provenance_module.collect(device)
@@ -256,7 +256,8 @@ class LocalExecutor:
         with contextlib.ExitStack() as stack:
             state = mps_for(self.devices, stack)
             wait_s = default_wait_s(self.share, self.options.timeout_s)
-            self.sharing = {device: Sharing(DeviceLease(device, self.share, wait_s=wait_s, observer=self.observer),
+            self.sharing = {device: Sharing(DeviceLease(device, self.share, wait_s=wait_s, observer=self.observer,
+                                                        batch=batch_for(self.share)),
                                             tuple(state.env.items()), state.used, state.reason)
                             for device in self.devices}
             log.info("%d units side by side per device (correctness; timing alone); %s", self.share,
@@ -280,7 +281,7 @@ class LocalExecutor:
         builder.start()
         threads = [threading.Thread(target=self._evaluate_from, args=(ready, device, sink), daemon=True,
                                     name=f"kbverify-evaluate-{index}-{slot}")
-                   for index, device in enumerate(self.devices) for slot in range(self.share)]
+                   for index, device in enumerate(self.devices) for slot in range(threads_for(self.share))]
         for thread in threads:
             thread.start()
         for thread in threads:

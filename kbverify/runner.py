@@ -299,10 +299,17 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
     with _phase(context, device_share.CORRECTNESS):
         verdict = _correctness_isolated(context, secret)
     if verdict.status is Status.PASSED and options.measure_speed:
-        with _phase(context, device_share.TIMING):  # the A/A margin and the clean reference measure too
-            if protocol.timing == "kernelbench":
+        if protocol.timing == "kernelbench":
+            with _phase(context, device_share.TIMING):
                 return _time_kernelbench_way(context, verdict)
-            return _time_isolated(context, verdict, secret, margin_cache)
+        with _phase(context, device_share.TIMING):  # the clean reference measures too
+            measured = _time_isolated(context, verdict, secret)
+        if isinstance(measured, Verdict):  # the timing itself failed: no outputs to check
+            return measured
+        # The check of the timed outputs runs no submission code and times nothing: beside other units' correctness
+        with _phase(context, device_share.CORRECTNESS):
+            measured.record["stale"] = _check_timed_outputs(context, measured.payload, measured.driven)
+        return _timing_verdict(context, verdict, measured, margin_cache)
     return verdict
 
 
@@ -380,7 +387,18 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
 
 # ---- timing ------------------------------------------------------------------------------------------------
 
-def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cache) -> Verdict:
+@dataclasses.dataclass(frozen=True)
+class _Measured:
+    """What the exclusive part of a verified timing measured, for the parts that follow it."""
+
+    payload: dict
+    record: dict  # the interleaved timing worker's record, its rounds as this process drove them
+    driven: object  # timing_control.Driven of the candidate's worker
+    clean: dict | None  # the clean reference's record and rounds (None: not measured, or its worker died)
+    blocked_copy: dict | None  # the reference against its blocked copy, where only the candidate blocks
+
+
+def _time_isolated(context: _Context, verdict: Verdict, secret: str) -> "Verdict | _Measured":
     protocol = context.protocol
     payload = _payload(context, secret=secret, budget_s=protocol.timing_budget_s,
                        norm_rtol=protocol.norm_rtol or protocol.rtol, baseline_allowance=protocol.baseline_allowance,
@@ -403,7 +421,6 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
     if failure is not None:
         return dataclasses.replace(verdict, status=failure[0], message=failure[1])
     record["rounds"] = driven.rounds
-    record["stale"] = _check_timed_outputs(context, payload, driven)
     clean = None
     if protocol.guards:
         clean_outcome, clean_driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
@@ -412,11 +429,15 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, margin_cach
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
     copy = _blocked_copy(context, payload, record, clean) if protocol.guards else None
     _look_at_gpu(context, "after")
-    margin = _noise_margin(context, clean, margin_cache)
-    timing = {"interleaved": record, "clean_reference": clean, "noise_margin": margin,
+    return _Measured(payload, record, driven, clean, copy)
+
+
+def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache) -> Verdict:
+    margin = _noise_margin(context, measured.clean, margin_cache)
+    timing = {"interleaved": measured.record, "clean_reference": measured.clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode,
-              "blocked_copy": copy}
-    return decide_timing(dataclasses.replace(verdict, timing=timing), protocol)
+              "blocked_copy": measured.blocked_copy}
+    return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
 
 
 # The reference made to wait on the device inside its forward, as a blocked candidate does: harness-authored, so

@@ -52,9 +52,10 @@ def _start(target, *args) -> threading.Thread:
 
 # ---- the lease ------------------------------------------------------------------------------------------------
 
-def test_many_threads_never_see_a_shared_holder_beside_the_exclusive_one():
+@pytest.mark.parametrize("batch", [1, 4])
+def test_many_threads_never_see_a_shared_holder_beside_the_exclusive_one(batch):
     recorder = Recorder(slots=3)
-    lease = DeviceLease("cuda:0", 3, wait_s=30, observer=recorder)
+    lease = DeviceLease("cuda:0", 3, wait_s=30, observer=recorder, batch=batch, defer_s=0.01)
     inside = {"shared": 0, "exclusive": 0, "most_shared": 0}
     count = threading.Lock()
     errors = []
@@ -119,7 +120,7 @@ def test_a_stream_of_correctness_work_never_starves_timing():
     assert not recorder.broken
 
 
-def test_waiters_are_served_in_arrival_order_and_none_overtakes_a_waiting_timing_phase():
+def test_a_timing_request_joins_the_running_drain_and_the_correctness_it_held_back_goes_next():
     order = []
     lease = DeviceLease("cpu", 2, wait_s=30, observer=lambda e: order.append(e.holder) if e.action == "hold" else None)
     gate = threading.Event()
@@ -140,9 +141,117 @@ def test_waiters_are_served_in_arrival_order_and_none_overtakes_a_waiting_timing
     gate.set()
     for thread in threads:
         thread.join(10)
-    # w2 fits beside w0 (two slots) but waits behind w1, the timing phase that asked before it.
-    assert order == ["first", "w0", "w1", "w2", "w3"]
+    # "first" drained the device; w1 asked while it held, so the same drain serves it before any correctness
+    # (no second drain for it); then w0 and w2 share the two slots, w3 the first one freed.
+    assert order == ["first", "w1", "w0", "w2", "w3"]
     assert lease.holders() == (0, False) and not lease._queue
+
+
+def _holding(lease, kind: str, name: str, until: threading.Event) -> threading.Thread:
+    def hold():
+        with getattr(lease, kind)(name):
+            until.wait(10)
+    thread = _start(hold)
+    return thread
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    ends = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < ends, "the lease never reached the expected state"
+        time.sleep(0.001)
+
+
+def test_a_batch_of_timing_requests_drains_the_device_once_and_runs_back_to_back():
+    recorder = Recorder(slots=2)
+    lease = DeviceLease("cpu", 2, wait_s=30, observer=recorder, batch=3, defer_s=30)
+    busy, go = threading.Event(), threading.Event()
+    holders = [_holding(lease, "shared", f"c{i}", busy) for i in range(2)]
+    _wait_for(lambda: lease.holders() == (2, False))
+    threads = []
+    for index, kind in enumerate(("exclusive", "exclusive", "shared", "exclusive", "shared")):
+        threads.append(_holding(lease, kind, f"{kind[0]}{index}", go))
+        _wait_for(lambda: len(lease._queue) == index + 1)
+    assert not lease._draining  # two timing requests are short of the batch: correctness keeps its slots
+    busy.set()
+    go.set()
+    for thread in holders + threads:
+        thread.join(10)
+    holds = [e.holder for e in recorder.events if e.action == "hold"]
+    # The third timing request made the batch: one drain serves all three back to back, and the correctness that
+    # asked between them waits until the drain is over.
+    assert holds[2:] == ["e0", "e1", "e3", "s2", "s4"]
+    assert not recorder.broken and lease.holders() == (0, False)
+
+
+def test_a_timing_request_short_of_the_batch_waits_defer_s_at_most():
+    recorder = Recorder(slots=2)
+    lease = DeviceLease("cpu", 2, wait_s=30, observer=recorder, batch=4, defer_s=0.3)
+    busy, stop = threading.Event(), threading.Event()
+    holder = _holding(lease, "shared", "busy", busy)  # the device is never free: only defer_s can start the drain
+    _wait_for(lambda: lease.holders() == (1, False))
+
+    def correctness_forever():
+        while not stop.is_set():
+            with lease.shared("stream"):
+                time.sleep(0.005)
+
+    stream = _start(correctness_forever)
+    threading.Timer(0.6, busy.set).start()
+    asked = time.monotonic()
+    with lease.exclusive("alone"):
+        pass
+    stop.set()
+    for thread in (holder, stream):
+        thread.join(10)
+    granted = next(e.at for e in recorder.events if e.holder == "alone" and e.action == "hold")
+    streamed = [e.at - asked for e in recorder.events
+                if e.holder == "stream" and e.action == "hold" and asked < e.at < granted]
+    # Correctness kept its slot until defer_s, and none entered once the drain started (then "busy" ended it).
+    assert streamed and 0.2 < max(streamed) < 0.35, max(streamed)
+    assert not recorder.broken
+
+
+def test_correctness_held_back_by_a_drain_goes_before_the_next_one():
+    recorder = Recorder(slots=1)
+    lease = DeviceLease("cpu", 1, wait_s=30, observer=recorder, batch=1, defer_s=30)
+    first, go = threading.Event(), threading.Event()
+    threads = [_holding(lease, "exclusive", "t0", first)]
+    _wait_for(lambda: lease.holders() == (0, True))
+    threads.append(_holding(lease, "shared", "c1", go))  # held back by t0's drain
+    _wait_for(lambda: len(lease._queue) == 1)
+    for index in (2, 3):  # the drain's batch (1 waiting + 1 joining) is full: these wait for a later drain
+        threads.append(_holding(lease, "exclusive", f"t{index}", go))
+        _wait_for(lambda: len(lease._queue) == index)
+    first.set()
+    go.set()
+    for thread in threads:
+        thread.join(10)
+    holds = [e.holder for e in recorder.events if e.action == "hold"]
+    assert holds == ["t0", "t2", "c1", "t3"], holds
+    assert not recorder.broken
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_with_one_slot_the_lease_is_a_mutex(batch):
+    lease = DeviceLease("cpu", 1, wait_s=30, batch=batch, defer_s=0.01)
+    inside, most, count = [0], [0], threading.Lock()
+
+    def worker(seed: int):
+        rng = random.Random(seed)
+        for _ in range(30):
+            with getattr(lease, rng.choice(("shared", "exclusive")))(f"t{seed}"):
+                with count:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                time.sleep(rng.random() * 0.001)
+                with count:
+                    inside[0] -= 1
+
+    threads = [_start(worker, seed) for seed in range(8)]
+    for thread in threads:
+        thread.join(60)
+    assert most[0] == 1 and lease.holders() == (0, False) and not lease._queue
 
 
 def test_leases_are_released_when_the_block_raises_and_a_timed_out_waiter_leaves_the_queue():
@@ -353,4 +462,6 @@ def test_a_gpu_session_asks_for_mps_and_says_why_it_runs_without(monkeypatch, no
     monkeypatch.setenv("KBVERIFY_MPS", "off")
     with executor.session():
         assert executor.sharing["cuda:0"].mps_reason == "KBVERIFY_MPS=off"
-    assert executor.sharing == {} and executor.workers == 4
+    # Threads beyond the slots wait for timing holding no process, so a batch of timing requests gathers while
+    # every slot still checks correctness (device_share.threads_for).
+    assert executor.sharing == {} and executor.workers == 2 * device_share.threads_for(2) == 16
