@@ -440,17 +440,6 @@ def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, ma
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
 
 
-# The reference made to wait on the device inside its forward, as a blocked candidate does: harness-authored, so
-# its timing process runs no submission code.
-BLOCKED_COPY_SOURCE = """
-class ModelNew(Model):
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        torch.cuda.synchronize()
-        return out
-"""
-
-
 def _blocked_copy(context: _Context, payload: dict, record: dict, clean: dict | None) -> dict | None:
     """Where only the candidate blocks: the reference against its blocked copy, in a process of its own, for how
     much more a blocked call leaves unexplained (kbverify.timing_control.blocked_exposure_ms). None elsewhere, or
@@ -460,7 +449,7 @@ def _blocked_copy(context: _Context, payload: dict, record: dict, clean: dict | 
     if not on_gpu or not timing_modes.candidate_alone_blocked(choice):
         return None
     protocol = context.protocol
-    outcome, driven = _driven(context, "timing", {**payload, "submission_source": BLOCKED_COPY_SOURCE},
+    outcome, driven = _driven(context, "timing", {**payload, "submission_source": timing_modes.BLOCKED_COPY_SOURCE},
                               budget_s=max(0.5, protocol.timing_budget_s / 2), target=protocol.ci_half_width,
                               check=False)
     if outcome.died:

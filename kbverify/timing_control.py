@@ -349,7 +349,7 @@ def blocked_exposure_ms(rounds: list) -> float | None:
     """What a forward that waits on the device leaves unexplained beyond the same forward that does not, per call:
     the median over rounds of d (as `device_time_confirmed` takes it) from a calibration run in a process without
     submission code, whose candidate is the reference followed by a device-wide synchronise inside its forward
-    (kbverify.runner.BLOCKED_COPY_SOURCE). None without two rounds to tell; never below zero."""
+    (kbverify.timing_modes.BLOCKED_COPY_SOURCE). None without two rounds to tell; never below zero."""
     differences = sorted(_unexplained(r, "cand") - _unexplained(r, "ref") for r in rounds or []
                          if _unexplained(r, "cand") is not None and _unexplained(r, "ref") is not None)
     if len(differences) < 2:

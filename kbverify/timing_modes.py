@@ -53,6 +53,15 @@ PROBE_OUTLASTS = 0.9  # and each call outlasts (nearly) the hold it had
 OVER_HOST_FRACTION = 0.05
 OVER_HOST_MS = 0.002
 MODES = ("hold", "sync", "cpu")
+# The reference made to wait on the device inside its forward, as a blocked candidate does (kbverify.runner times
+# it against the reference where only the candidate blocks): harness-authored, so no submission code runs there.
+BLOCKED_COPY_SOURCE = """
+class ModelNew(Model):
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+"""
 REQUESTS = ("auto", "hold", "sync")
 
 
