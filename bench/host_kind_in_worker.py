@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify import stats, timing_control  # noqa: E402
+from kbverify import stats, timing_control, timing_modes  # noqa: E402
 from kbverify.inputs import new_run_secret  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
 
@@ -27,7 +27,8 @@ from kbverify.tasks import load_task  # noqa: E402
 def measure(task_path: str, submission_path: str, budget_s: float, device: str) -> dict:
     task = load_task(Path(task_path))
     payload = {"task_source": task.source, "task_name": task.name,
-               "submission_source": Path(submission_path).read_text(), "device": device,
+               "submission_source": (timing_modes.BLOCKED_COPY_SOURCE if submission_path == "blocked-copy"
+                                     else Path(submission_path).read_text()), "device": device,
                "secret": new_run_secret(), "budget_s": budget_s, "ci_half_width": 0.005, "train_mode": True,
                "baseline_matmul_tf32": True, "baseline_cudnn_tf32": True, "candidate_grad_enabled": False}
     outcome, driven = timing_control.run("timing", payload, timeout_s=300.0, device=device, budget_s=budget_s,
@@ -40,16 +41,32 @@ def measure(task_path: str, submission_path: str, budget_s: float, device: str) 
         if not paired:
             continue
         estimate = stats.paired_speedup(paired)
-        out[kind] = {"ref_ms": statistics.median(t for r in paired for t in r[0]),
+        out[kind] = {"unexplained_d_ms": _unexplained_difference(driven.rounds, kind),
+                     "ref_ms": statistics.median(t for r in paired for t in r[0]),
                      "cand_ms": statistics.median(t for r in paired for t in r[1]),
                      "speedup": estimate.speedup, "ci": [estimate.ci_low, estimate.ci_high]}
     return out
 
 
+def _unexplained_difference(rounds: list, kind: str) -> float | None:
+    """Median over rounds of what the candidate's batch of this kind left unexplained per call (the parent's wall
+    less the worker's times) minus the reference's: kbverify.timing_control.device_time_confirmed's d, by kind."""
+    differences = []
+    for r in rounds:
+        per_side = []
+        for side in ("ref", "cand"):
+            times = r.get(timing_control.side_key(side, kind))
+            wall = r.get(timing_control.side_key(side, kind, "wall_ms"))
+            per_side.append((wall - sum(times)) / len(times) if times and wall is not None else None)
+        if None not in per_side:
+            differences.append(per_side[1] - per_side[0])
+    return statistics.median(differences) if differences else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task")
-    parser.add_argument("submission")
+    parser.add_argument("submission", help="a file, or `blocked-copy` for the reference with a synchronise inside")
     parser.add_argument("--budget-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda:0")
@@ -60,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind in result:
                 k = result[kind]
                 print(f"run {repeat + 1} {kind:>6}: ref {k['ref_ms']:.4f} ms  cand {k['cand_ms']:.4f} ms  "
-                      f"speedup {k['speedup']:.3f} [{k['ci'][0]:.3f}, {k['ci'][1]:.3f}]  ({result['rounds']} rounds)")
+                      f"speedup {k['speedup']:.3f} [{k['ci'][0]:.3f}, {k['ci'][1]:.3f}]  d {k['unexplained_d_ms']:.4f} ms  "
+                      f"({result['rounds']} rounds)")
         print(f"run {repeat + 1} phases (ms per call): {json.dumps(result['phase_ms_per_call'])}")
         if result.get("error"):
             print(f"run {repeat + 1} error: {result['error']}")
