@@ -310,7 +310,7 @@ def unexplained_ms(rounds: list) -> dict:
     return out
 
 
-def device_time_confirmed(rounds: list, exposure_ms: float = 0.0) -> tuple[bool, dict]:
+def device_time_confirmed(rounds: list, exposure_ms: float = 0.0, kinds=KINDS) -> tuple[bool, dict]:
     """Whether the parent's clock accounts for the candidate's device times as it does for the reference's.
 
     Per round, d = (what the candidate's batch left unexplained per call) - (the same for the reference's). An
@@ -326,13 +326,13 @@ def device_time_confirmed(rounds: list, exposure_ms: float = 0.0) -> tuple[bool,
     reference does not (`blocked_exposure_ms`): the harness's work after a call overlaps the device's work for a
     forward that returns before its kernels end, and runs on an idle device after one that waits for them, so an
     honest blocked candidate leaves that much more unexplained (40-70 us a call on an H100, which failed every
-    blocked kernel of the GPU corpus and sent it to the net wall)."""
-    differences = sorted(_unexplained(r, "cand") - _unexplained(r, "ref") for r in rounds
-                         if _unexplained(r, "cand") is not None and _unexplained(r, "ref") is not None)
+    blocked kernel of the GPU corpus and sent it to the net wall). `kinds`: the kinds of batch judged (a clock
+    is confirmed on its own kind's batches where the exposure is measured by kind)."""
+    differences = _differences(rounds, kinds)
     seen = {**unexplained_ms(rounds), "rounds": len(differences)}
     if len(differences) < 2:
         return True, seen  # too little to tell; with few rounds the bound below is their minimum
-    claimed = sorted(t for r in rounds for kind in KINDS for t in r.get(side_key("cand", kind), ()))
+    claimed = sorted(t for r in rounds for kind in kinds for t in r.get(side_key("cand", kind), ()))
     threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2]) + max(0.0, exposure_ms)
     n = len(differences)
     median = differences[n // 2]
@@ -345,13 +345,13 @@ def device_time_confirmed(rounds: list, exposure_ms: float = 0.0) -> tuple[bool,
     return not (lower > threshold or likely), seen
 
 
-def blocked_exposure_ms(rounds: list) -> float | None:
+def blocked_exposure_ms(rounds: list, kinds=KINDS) -> float | None:
     """What a forward that waits on the device leaves unexplained beyond the same forward that does not, per call:
     the median over rounds of d (as `device_time_confirmed` takes it) from a calibration run in a process without
     submission code, whose candidate is the reference followed by a device-wide synchronise inside its forward
-    (kbverify.timing_modes.BLOCKED_COPY_SOURCE). None without two rounds to tell; never below zero."""
-    differences = sorted(_unexplained(r, "cand") - _unexplained(r, "ref") for r in rounds or []
-                         if _unexplained(r, "cand") is not None and _unexplained(r, "ref") is not None)
+    (kbverify.timing_modes.BLOCKED_COPY_SOURCE), over the `kinds` of batch given. None without two rounds to
+    tell; never below zero."""
+    differences = _differences(rounds or [], kinds)
     if len(differences) < 2:
         return None
     return max(0.0, differences[len(differences) // 2])
@@ -363,11 +363,17 @@ def _median_lower_bound(ordered: list, z: float) -> float:
     return ordered[max(0, int(n / 2 - z * math.sqrt(n) / 2) - 1)]
 
 
-def _unexplained(round_record: dict, side: str) -> float | None:
-    """One round's unexplained time per call of one side, over the kinds of batch it holds (the hold's length
+def _differences(rounds: list, kinds) -> list:
+    """Per round, sorted: the candidate's unexplained time per call less the reference's, over `kinds`."""
+    pairs = ((_unexplained(r, "cand", kinds), _unexplained(r, "ref", kinds)) for r in rounds)
+    return sorted(cand - ref for cand, ref in pairs if cand is not None and ref is not None)
+
+
+def _unexplained(round_record: dict, side: str, kinds=KINDS) -> float | None:
+    """One round's unexplained time per call of one side, over the kinds of batch given (the hold's length
     is in the device kind's, the same for both sides, so it cancels in the difference)."""
     calls = unexplained = 0.0
-    for kind in KINDS:
+    for kind in kinds:
         times, wall = round_record.get(side_key(side, kind)), round_record.get(side_key(side, kind, "wall_ms"))
         if times and wall is not None:
             calls += len(times)

@@ -156,35 +156,38 @@ class Clock:
                 "source": self.source, "n_rounds": self.estimate.n_rounds}
 
 
-def clocks(rounds: list, *, confirmed: bool, cap: bool = True) -> dict[str, Clock]:
+def clocks(rounds: list, *, confirmed: "bool | dict", cap: bool = True) -> dict[str, Clock]:
     """The device clock (capped at each side's host-kind time), the host clock, and the parent's wall clock of
-    each kind. Where the parent's clock did not confirm the worker's times, the device and host clocks take the
-    candidate's times from the parent's clock, less the harness's own time per call (`net_wall`,
-    timing_control.net_wall_rounds), and the device kind is capped at the host kind the same way: a device-kind
-    batch's wall holds the hold and, for a forward whose host work outlasts it (a `.cpu()` inside the call),
-    that work after it too, so uncapped it read 1.90 ms against 1.52 ms host-inclusive on the H200. `cap=False`
-    on a CPU: both kinds are the same measurement there, and capping one by the other's median would only add
-    the noise of both."""
+    each kind. Where the parent's clock did not confirm the worker's times (`confirmed`: one answer, or one per
+    kind of batch), that clock takes the candidate's times from the parent's clock, less the harness's own time
+    per call (`net_wall`, timing_control.net_wall_rounds), and the device kind is capped at the host clock's
+    times the same way: a device-kind batch's wall holds the hold and, for a forward whose host work outlasts it
+    (a `.cpu()` inside the call), that work after it too, so uncapped it read 1.90 ms against 1.52 ms
+    host-inclusive on the H200. `cap=False` on a CPU: both kinds are the same measurement there, and capping one
+    by the other's median would only add the noise of both."""
+    by_kind = confirmed if isinstance(confirmed, dict) else {kind: confirmed for kind in timing_control.KINDS}
     out: dict[str, Clock] = {}
-    host_pairs = timing_control.paired_rounds(rounds, "host")
     host_walls = timing_control.wall_rounds(rounds, "host")
     device_walls = timing_control.wall_rounds(rounds, "device")
     if device_walls:
         out["wall:device"] = _capped(device_walls, host_walls if cap else [], source="wall")
     if host_walls:
         out["wall:host"] = _clock(host_walls, "host", source="wall")
-    if confirmed or not device_walls:
-        out["device"] = _capped(timing_control.paired_rounds(rounds, "device"), host_pairs if cap else [])
-        if host_pairs:
-            out["host"] = _clock(host_pairs, "host")
-        return out
-    net = {kind: timing_control.net_wall_rounds(rounds, kind) for kind in timing_control.KINDS}
-    out["device"] = _capped(net["device"], net["host"] if cap else [], source="net_wall")
-    if net["host"]:
-        out["host"] = _clock(net["host"], "host", source="net_wall")
-    elif host_pairs:
-        out["host"] = _clock(host_pairs, "host")
+    host_pairs, host_source = _pairs(rounds, "host", by_kind.get("host", True) or not device_walls)
+    device_pairs, device_source = _pairs(rounds, "device", by_kind.get("device", True) or not device_walls)
+    out["device"] = _capped(device_pairs, host_pairs if cap else [], source=device_source)
+    if host_pairs:
+        out["host"] = _clock(host_pairs, "host", source=host_source)
     return out
+
+
+def _pairs(rounds: list, kind: str, confirmed: bool) -> tuple[list, str]:
+    """A clock's rounds: the worker's times where confirmed, else the net wall (the worker's where there is none)."""
+    if not confirmed:
+        net = timing_control.net_wall_rounds(rounds, kind)
+        if net:
+            return net, "net_wall"
+    return timing_control.paired_rounds(rounds, kind), "worker"
 
 
 def side_medians(pairs: list) -> dict:
