@@ -126,7 +126,11 @@ def test_where_the_candidate_alone_blocks_one_kind_cannot_vouch_for_the_other():
     "open (older than these commits; the per-kind test only covers the candidate-alone-blocked case): the "
     "pooled test lets device-kind times inflated into the hold (d about -0.5 ms a call) pay for host-kind times "
     "shrunk tenfold; with the reference's probe forged in the candidate's own process (auto), or under "
-    "--timing-mode hold, true 0.10 ms (1.50x) is credited 0.01 ms: 15.0x on both clocks (10x gain)"))
+    "--timing-mode hold, true 0.10 ms (1.50x) is credited 0.01 ms: 15.0x on both clocks (10x gain). Two "
+    "channels: the pooled d (device -0.8, host +0.09 a call) and the threshold, 10% of the pooled claims' upper "
+    "median, which the inflated device times set (0.050 ms); flooring each kind's d at -5 us alone still credits "
+    "15x (pooled d 0.042 < 0.050). Judging each kind on its own batches (as where the candidate alone blocks) or "
+    "capping the device-kind claims at the host-kind median inside the confirmation would close both"))
 @pytest.mark.parametrize("route", ["reference_probe_forged", "hold_requested"])
 def test_one_kinds_batches_cannot_vouch_for_the_others_times(route):
     rounds = _cross_kind(0.01, 0.5)
