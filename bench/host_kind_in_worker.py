@@ -19,15 +19,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify import stats, timing_control, timing_modes  # noqa: E402
+from kbverify import stats, timing_control  # noqa: E402
 from kbverify.inputs import new_run_secret  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
+
+
+# The reference made to wait on the device inside its forward, as a blocked candidate does: what the harness's work
+# after a blocked call costs, with no submission code.
+BLOCKED_COPY_SOURCE = """
+class ModelNew(Model):
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+"""
 
 
 def measure(task_path: str, submission_path: str, budget_s: float, device: str) -> dict:
     task = load_task(Path(task_path))
     payload = {"task_source": task.source, "task_name": task.name,
-               "submission_source": (timing_modes.BLOCKED_COPY_SOURCE if submission_path == "blocked-copy"
+               "submission_source": (BLOCKED_COPY_SOURCE if submission_path == "blocked-copy"
                                      else Path(submission_path).read_text()), "device": device,
                "secret": new_run_secret(), "budget_s": budget_s, "ci_half_width": 0.005, "train_mode": True,
                "baseline_matmul_tf32": True, "baseline_cudnn_tf32": True, "candidate_grad_enabled": False}

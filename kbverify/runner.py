@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, timing_modes, toolchain
+from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, toolchain
 from kbverify.channel import handover_strays, marker_names
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import derive_seed, new_run_secret
@@ -395,7 +395,6 @@ class _Measured:
     record: dict  # the interleaved timing worker's record, its rounds as this process drove them
     driven: object  # timing_control.Driven of the candidate's worker
     clean: dict | None  # the clean reference's record and rounds (None: not measured, or its worker died)
-    blocked_copy: dict | None  # the reference against its blocked copy, where only the candidate blocks
 
 
 def _time_isolated(context: _Context, verdict: Verdict, secret: str) -> "Verdict | _Measured":
@@ -427,36 +426,15 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str) -> "Verdict
                                               budget_s=max(0.5, protocol.timing_budget_s / 2),
                                               target=protocol.ci_half_width, check=False)
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
-    copy = _blocked_copy(context, payload, record, clean) if protocol.guards else None
     _look_at_gpu(context, "after")
-    return _Measured(payload, record, driven, clean, copy)
+    return _Measured(payload, record, driven, clean)
 
 
 def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache) -> Verdict:
     margin = _noise_margin(context, measured.clean, margin_cache)
     timing = {"interleaved": measured.record, "clean_reference": measured.clean, "noise_margin": margin,
-              "device": context.options.device, "mode_requested": context.options.timing_mode,
-              "blocked_copy": measured.blocked_copy}
+              "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
-
-
-def _blocked_copy(context: _Context, payload: dict, record: dict, clean: dict | None) -> dict | None:
-    """Where only the candidate blocks: the reference against its blocked copy, in a process of its own, for how
-    much more a blocked call leaves unexplained (kbverify.timing_control.blocked_exposure_ms). None elsewhere, or
-    when its worker died (the exposure is then 0: the stricter test)."""
-    on_gpu = context.options.device.startswith("cuda")
-    choice = timing_modes.decide_mode(record, clean, on_gpu, context.options.timing_mode)
-    if not on_gpu or not timing_modes.candidate_alone_blocked(choice):
-        return None
-    protocol = context.protocol
-    outcome, driven = _driven(context, "timing", {**payload, "submission_source": timing_modes.BLOCKED_COPY_SOURCE},
-                              budget_s=max(0.5, protocol.timing_budget_s / 2), target=protocol.ci_half_width,
-                              check=False)
-    if outcome.died:
-        return None
-    result = outcome.result or {}
-    return {"rounds": driven.rounds, "hold_probe": result.get("hold_probe"),
-            "settle_gaps_ms": result.get("settle_gaps_ms")}
 
 
 def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True):

@@ -310,7 +310,7 @@ def unexplained_ms(rounds: list) -> dict:
     return out
 
 
-def device_time_confirmed(rounds: list, exposure_ms: float = 0.0, kinds=KINDS) -> tuple[bool, dict]:
+def device_time_confirmed(rounds: list, kinds=KINDS) -> tuple[bool, dict]:
     """Whether the parent's clock accounts for the candidate's device times as it does for the reference's.
 
     Per round, d = (what the candidate's batch left unexplained per call) - (the same for the reference's). An
@@ -322,39 +322,23 @@ def device_time_confirmed(rounds: list, exposure_ms: float = 0.0, kinds=KINDS) -
     the harness's own jitter, however large next to a microsecond kernel, averages out instead of widening the
     allowance.
 
-    `exposure_ms` is added to the threshold where the candidate waits on the device inside its call and the
-    reference does not (`blocked_exposure_ms`): the harness's work after a call overlaps the device's work for a
-    forward that returns before its kernels end, and runs on an idle device after one that waits for them, so an
-    honest blocked candidate leaves that much more unexplained (40-70 us a call on an H100, which failed every
-    blocked kernel of the GPU corpus and sent it to the net wall). `kinds`: the kinds of batch judged (a clock
-    is confirmed on its own kind's batches where the exposure is measured by kind)."""
+    `kinds`: the kinds of batch judged. Each clock is judged on its own kind's batches (kbverify.timing_verdict):
+    pooled, device-kind times inflated into the hold's share of their batch paid for host-kind times shrunk
+    tenfold (a red team's record: 0.10 ms credited 0.01 ms on both clocks)."""
     differences = _differences(rounds, kinds)
     seen = {**unexplained_ms(rounds), "rounds": len(differences)}
     if len(differences) < 2:
         return True, seen  # too little to tell; with few rounds the bound below is their minimum
     claimed = sorted(t for r in rounds for kind in kinds for t in r.get(side_key("cand", kind), ()))
-    threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2]) + max(0.0, exposure_ms)
+    threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2])
     n = len(differences)
     median = differences[n // 2]
     lower = _median_lower_bound(differences, 1.96)  # 95%
     # With few rounds (a short budget) the 95% bound rarely clears anything: a median past the threshold that is
     # above zero at 80% confidence is enough to fall back on the parent's clock, which is never an accusation.
     likely = median > threshold and _median_lower_bound(differences, 1.2816) > 0
-    seen.update({"median_difference_ms": median, "lower_bound_ms": lower, "threshold_ms": threshold,
-                 "exposure_ms": max(0.0, exposure_ms)})
+    seen.update({"median_difference_ms": median, "lower_bound_ms": lower, "threshold_ms": threshold})
     return not (lower > threshold or likely), seen
-
-
-def blocked_exposure_ms(rounds: list, kinds=KINDS) -> float | None:
-    """What a forward that waits on the device leaves unexplained beyond the same forward that does not, per call:
-    the median over rounds of d (as `device_time_confirmed` takes it) from a calibration run in a process without
-    submission code, whose candidate is the reference followed by a device-wide synchronise inside its forward
-    (kbverify.timing_modes.BLOCKED_COPY_SOURCE), over the `kinds` of batch given. None without two rounds to
-    tell; never below zero."""
-    differences = _differences(rounds or [], kinds)
-    if len(differences) < 2:
-        return None
-    return max(0.0, differences[len(differences) // 2])
 
 
 def _median_lower_bound(ordered: list, z: float) -> float:

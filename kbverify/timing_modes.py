@@ -53,15 +53,7 @@ PROBE_OUTLASTS = 0.9  # and each call outlasts (nearly) the hold it had
 OVER_HOST_FRACTION = 0.05
 OVER_HOST_MS = 0.002
 MODES = ("hold", "sync", "cpu")
-# The reference made to wait on the device inside its forward, as a blocked candidate does (kbverify.runner times
-# it against the reference where only the candidate blocks): harness-authored, so no submission code runs there.
-BLOCKED_COPY_SOURCE = """
-class ModelNew(Model):
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        torch.cuda.synchronize()
-        return out
-"""
+
 REQUESTS = ("auto", "hold", "sync")
 
 
@@ -101,14 +93,6 @@ def clock_blocked(rounds: list, side: str) -> bool | None:
 
 def has_host_clock(rounds: list) -> bool:
     return bool(timing_control.paired_rounds(rounds, "host"))
-
-
-def candidate_alone_blocked(choice: ModeChoice) -> bool:
-    """Sync mode because the candidate waits on the device and the reference does not: the one case where the
-    harness's work after a call runs on an idle device for one side only (timing_control.blocked_exposure_ms)."""
-    cand = any(name.startswith("cand:") for name in choice.blocked)
-    ref = any(name.startswith(("ref:", "clean_ref:")) for name in choice.blocked)
-    return choice.mode == "sync" and cand and not ref
 
 
 def decide_mode(record: dict, clean: dict | None, on_gpu: bool, requested: str = "auto") -> ModeChoice:

@@ -337,10 +337,12 @@ def test_the_net_wall_never_credits_a_candidate_below_its_own_claim():
 
 # ---- a candidate that blocks, against a reference that does not: the harness's exposure after its calls -------
 
-# The H100's, per call (bench/host_kind_in_worker.py): what the reference's blocked copy leaves unexplained beyond
-# the reference, and what the honest blocked kernels of the GPU corpus left, by kind of batch.
-COPY_EXPOSURE_MS = {"host": 0.061, "device": 0.057}
-KERNEL_EXPOSURE_MS = {"host": 0.066, "device": 0.117}
+# The H100's, per call (bench/host_kind_in_worker.py, results/h100-2026-12-06 call 5): what honest blocked kernels
+# left unexplained beyond the reference, by kind, before the host kind waited for each call's work ahead of the
+# harness's own; and what is left in the host kind once it does (both sides' post-call work then runs on an idle
+# device). The device kind's is the blocked forward's own: it waits out the hold inside its call.
+OLD_HARNESS_EXPOSURE_MS = {"host": 0.066, "device": 0.117}
+KERNEL_EXPOSURE_MS = {"host": 0.0, "device": 0.117}
 
 
 def _with_exposure(rounds: list, exposure: dict) -> list:
@@ -351,92 +353,74 @@ def _with_exposure(rounds: list, exposure: dict) -> list:
     return rounds
 
 
-def _blocked_copy(exposure: dict | None = None, seed: int = 11) -> dict:
-    """The calibration the runner makes where only the candidate blocks: the reference against its own copy with a
-    device-wide synchronise inside, in a process without submission code."""
-    return {"rounds": _with_exposure(_unexplained_rounds(0.15, 0.15, 0.15, seed=seed), exposure or COPY_EXPOSURE_MS)}
-
-
-def _blocked_verdict(cand_true_ms: float, cand_claim_ms: float, *, copy: dict | None, ref_blocked: bool = False):
-    rounds = _with_exposure(_unexplained_rounds(0.15, cand_true_ms, cand_claim_ms), KERNEL_EXPOSURE_MS)
+def _blocked_verdict(cand_true_ms: float, cand_claim_ms: float, *, exposure: dict = KERNEL_EXPOSURE_MS,
+                     ref_blocked: bool = False):
+    rounds = _with_exposure(_unexplained_rounds(0.15, cand_true_ms, cand_claim_ms), exposure)
     probe = {"ref": _probe(ref_blocked), "cand": _probe(True)}
-    verdict = _verdict(rounds, probe=probe, clean=_clean((0.15, 0.15), blocked=ref_blocked))
-    verdict.timing["blocked_copy"] = copy
-    return decide_timing(verdict, VERIFIED)
+    return decide_timing(_verdict(rounds, probe=probe, clean=_clean((0.15, 0.15), blocked=ref_blocked)), VERIFIED)
 
 
-def test_an_honest_blocked_candidate_is_confirmed_against_the_calibrated_exposure():
+def test_an_honest_blocked_candidates_host_clock_is_judged_on_its_own_batches():
     """On an H100 every honest blocked kernel of the GPU corpus (cudaDeviceSynchronize in an extension, `.item()`,
-    a host copy) left more of the parent's clock unexplained than the reference: the harness's projections after
-    the call run on an idle device for it and under the reference's kernels for the reference. Judged over both
-    kinds at once, none was confirmed, and the net wall read the cudaDeviceSynchronize kernel 0.87x where
-    KernelBench read 2.0x. Each clock is now judged on its own kind's batches, against the exposure the
-    reference's own blocked copy (no submission code) shows in that kind: the host clock, the headline, is
-    confirmed; the device kind's exposure is the kernel's own (it waits out the hold) and stays unconfirmed."""
-    without = _blocked_verdict(0.08, 0.08, copy=None)
-    assert without.timing["mode"] == "sync" and without.timing["clock_used"] == "net_wall"
-    verdict = _blocked_verdict(0.08, 0.08, copy=_blocked_copy())
+    a host copy) went to the net wall: judged over both kinds at once, its device kind (0.117 ms a call more
+    unexplained than the reference's: it waits out the hold) sent its host clock, the one its verdict reads, with
+    it, and the net wall read the cudaDeviceSynchronize kernel 0.87x where KernelBench read 2.0x. Each clock is now
+    judged on its own kind's batches: the host clock is the worker's, the device clock the parent's."""
+    verdict = _blocked_verdict(0.08, 0.08)
     timing = verdict.timing
-    assert timing["clock_used"] == "host" and timing["clocks"]["host"]["source"] == "worker", timing["unexplained_ms"]
-    assert timing["unexplained_ms"]["by_kind"]["host"]["exposure_ms"] == pytest.approx(0.061, rel=0.1)
-    assert timing["clocks"]["device"]["source"] == "net_wall" and timing["device_time_confirmed"] is False
+    assert timing["mode"] == "sync" and timing["clock_used"] == "host", timing["unexplained_ms"]
+    assert timing["clocks"]["host"]["source"] == "worker" and timing["clocks"]["device"]["source"] == "net_wall"
+    assert timing["device_time_confirmed"] is False and timing["unexplained_ms"]["by_kind"]["host"]["rounds"] == 40
     assert verdict.speedup == pytest.approx(0.15 / 0.08, rel=0.03)
 
 
-def test_a_blocked_candidate_that_shrinks_its_times_beyond_the_exposure_is_not_confirmed():
-    """The exposure is what a blocked call honestly leaves unexplained, no more: times shrunk by 0.1 ms a call
-    past it read as the parent's clock (net wall), not as the claim."""
-    verdict = _blocked_verdict(0.2, 0.1, copy=_blocked_copy())
+def test_a_record_of_the_old_host_kind_reads_a_blocked_kernel_from_the_parents_clock():
+    """Before the host kind waited for each call's work ahead of the harness's, a blocked side left 0.066 ms a call
+    more unexplained there too: such records keep the stricter reading (the net wall), never a looser one."""
+    verdict = _blocked_verdict(0.08, 0.08, exposure=OLD_HARNESS_EXPOSURE_MS)
+    assert verdict.timing["clock_used"] == "net_wall"
+    assert verdict.speedup < 0.15 / 0.08
+
+
+def test_a_blocked_candidate_that_shrinks_its_times_is_not_confirmed():
+    """Times shrunk by 0.1 ms a call read as the parent's clock (net wall), not as the claim."""
+    verdict = _blocked_verdict(0.2, 0.1)
     assert verdict.timing["clock_used"] == "net_wall"
     assert verdict.speedup < 0.15 / 0.2 * 1.1  # the real time, not 1.5x
 
 
 @settings(max_examples=60, deadline=None)
-@given(shrink_ms=st.floats(0.03, 0.5), true_ms=st.floats(0.05, 1.0), seed=st.integers(0, 10_000))
-def test_no_blocked_candidate_is_credited_more_than_the_exposure_and_the_threshold(shrink_ms, true_ms, seed):
-    """Whatever it claims, a candidate that blocks gains at most the copy's measured exposure and the usual
-    threshold (10% of its claim) on the headline: past that, its time is the parent's clock's."""
+@given(shrink_ms=st.floats(0.01, 0.5), true_ms=st.floats(0.05, 1.0), seed=st.integers(0, 10_000),
+       blocked=st.booleans())
+def test_no_candidate_is_credited_more_than_the_threshold_on_either_clock(shrink_ms, true_ms, seed, blocked):
+    """Whatever it claims, and whether or not it says it blocks, a candidate's credited time on either clock is at
+    least its true time less the usual threshold (10% of its claim, at least 5 us): past that, the parent's."""
+    from kbverify.clocks import clock_view
+
     claim = max(true_ms - shrink_ms, 0.01)
-    rounds = _with_exposure(_unexplained_rounds(0.15, true_ms, claim, seed=seed), KERNEL_EXPOSURE_MS)
-    verdict = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(True)}, clean=_clean((0.15, 0.15)))
-    verdict.timing["blocked_copy"] = _blocked_copy(seed=seed + 1)
+    exposure = KERNEL_EXPOSURE_MS if blocked else {"host": 0.0, "device": 0.0}
+    rounds = _with_exposure(_unexplained_rounds(0.15, true_ms, claim, seed=seed), exposure)
+    verdict = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(blocked)}, clean=_clean((0.15, 0.15)))
     verdict = decide_timing(verdict, VERIFIED)
-    allowed_ms = true_ms - COPY_EXPOSURE_MS["host"] - max(0.005, 0.1 * claim) - 0.01  # less the jitter's share
-    assert verdict.cand_time_ms >= min(claim, allowed_ms) * 0.98
+    floor_ms = true_ms - max(0.005, 0.1 * claim) - 0.01  # less the jitter's share
+    for clock in ("device", "host"):
+        assert clock_view(verdict, clock).cand_time_ms >= min(claim, floor_ms) * 0.98, clock
 
 
-def test_the_exposure_counts_only_where_the_candidate_alone_blocks():
-    """A reference that blocks too has the same exposure (nothing to add), and a stored calibration never widens
-    the test of a candidate that does not block."""
-    both = _blocked_verdict(0.08, 0.08, copy=_blocked_copy(), ref_blocked=True)
-    assert "by_kind" not in both.timing["unexplained_ms"] and both.timing["unexplained_ms"]["exposure_ms"] == 0.0
-    rounds = _with_exposure(_unexplained_rounds(0.15, 0.08, 0.08), KERNEL_EXPOSURE_MS)
-    hold = _verdict(rounds, clean=_clean((0.15, 0.15)))
-    hold.timing["blocked_copy"] = _blocked_copy()
-    hold = decide_timing(hold, VERIFIED)
-    assert hold.timing["mode"] == "hold" and hold.timing["device_time_confirmed"] is False
-
-
-def _blocked_with_gaps(cand_gap_ms: float, copy_gaps: dict | None):
+def _blocked_with_gaps(cand_gap_ms: float):
     rounds = _with_exposure(_unexplained_rounds(0.15, 0.08, 0.08), KERNEL_EXPOSURE_MS)
     verdict = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(True)}, clean=_clean((0.15, 0.15)))
     verdict.timing["interleaved"]["settle_gaps_ms"] = {"ref": [0.027] * 30, "cand": [cand_gap_ms] * 30}
-    copy = _blocked_copy()
-    copy["settle_gaps_ms"] = copy_gaps
-    verdict.timing["blocked_copy"] = copy
     return decide_timing(verdict, VERIFIED)
 
 
-def test_the_settle_gap_of_a_blocked_call_is_judged_against_the_blocked_copys():
-    """After a blocked call the device is idle, so the time from its end event to the projections is the host's
-    launch of them: 0.051 ms on an H100 against the reference's 0.027, which read as work deferred past the call
-    (`exploit:unsynchronized`) for an honest cudaDeviceSynchronize kernel. The reference's blocked copy shows the
-    same; work really deferred past a blocked call still shows beyond it."""
-    honest = _blocked_with_gaps(0.051, None)
-    assert honest.status is Status.EXPLOIT_UNSYNCHRONIZED  # no calibration: the stricter test
-    honest = _blocked_with_gaps(0.051, {"ref": [0.027] * 20, "cand": [0.05] * 20})
-    assert honest.status is Status.PASSED, honest.message
-    deferred = _blocked_with_gaps(0.3, {"ref": [0.027] * 20, "cand": [0.05] * 20})
+def test_work_left_past_a_blocked_call_is_still_unsynchronized():
+    """The settle gap is the device's time after the end event beyond the harness's own. After a blocked call the
+    device is idle, so the host's latency before the harness enqueued its next event counted too (0.051 ms
+    against the reference's 0.027 on an H100: an honest kernel read `exploit:unsynchronized`); that event is now
+    enqueued right after the end event (kbverify.child.timed_call). Work really left running still shows."""
+    assert _blocked_with_gaps(0.03).status is Status.PASSED
+    deferred = _blocked_with_gaps(0.3)
     assert deferred.status is Status.EXPLOIT_UNSYNCHRONIZED, deferred.message
 
 

@@ -1,6 +1,9 @@
-"""Red team of the blocked copy's exposure (a39b38c, f5c0142, bbeb0c4): where only the candidate blocks, the
-threshold of the confirmation is raised by what the reference's harness-authored blocked copy leaves unexplained,
-each kind judged on its own batches, and the settle-gap guard is given the copy's excess.
+"""Red team of the blocked copy's exposure (a39b38c, f5c0142, bbeb0c4): where only the candidate blocked, the
+threshold of the confirmation was raised by what the reference's harness-authored blocked copy left unexplained,
+and the settle-gap guard was given the copy's excess. Both allowances went to whoever said it blocked (evidence
+its own process makes): they were removed, each clock is judged on its own kind's batches everywhere, and the
+harness's own work after a call no longer differs between a blocked side and one that is not
+(kbverify.child.timed_call). The cases below stand as tests of that.
 
 What the candidate's worker reports (its per-call times, the hold probe, the settle gaps) is the attacker's; the
 parent's walls and the blocked copy's record are not. Synthetic records, the helpers of tests/test_timing_modes.py.
@@ -13,8 +16,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_timing_modes import (COPY_EXPOSURE_MS, KERNEL_EXPOSURE_MS, _blocked_copy, _clean, _probe,
-                               _unexplained_rounds, _verdict, _with_exposure)
+from test_timing_modes import KERNEL_EXPOSURE_MS, _clean, _probe, _unexplained_rounds, _verdict, _with_exposure
 
 from kbverify.clocks import clock_view
 from kbverify.protocols import VERIFIED
@@ -28,70 +30,53 @@ def _speedups(verdict) -> dict:
     return {clock: clock_view(verdict, clock).speedup for clock in ("device", "host")}
 
 
-def _not_blocking(true_ms: float, claim_ms: float, *, claims_to_block: bool, copy: dict | None = None,
-                  seed: int = 5):
+def _not_blocking(true_ms: float, claim_ms: float, *, claims_to_block: bool, seed: int = 5):
     """A candidate whose forward does NOT wait on the device (its batches leave no exposure of their own: the
     parent's walls are its true time plus the reference's harness share), reporting `claim_ms` a call of both
     kinds; `claims_to_block`: its worker's hold probe follows the hold (forged, or blocking in the warm-up calls
     only, which is where the probe runs)."""
     rounds = _unexplained_rounds(REF_MS, true_ms, claim_ms, seed=seed)
     probe = {"ref": _probe(False), "cand": _probe(claims_to_block)}
-    verdict = _verdict(rounds, probe=probe, clean=_clean((REF_MS, REF_MS)))
-    verdict.timing["blocked_copy"] = copy
-    return decide_timing(verdict, VERIFIED)
+    return decide_timing(_verdict(rounds, probe=probe, clean=_clean((REF_MS, REF_MS))), VERIFIED)
 
 
 # ---- 1. the allowance goes to whoever says it blocks ---------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: the exposure allowance is gated on cand:probe / cand:clock, evidence the candidate's own process "
-    "makes; a forward that does not block but says it does gets the copy's exposure (0.061 ms host, 0.057 ms "
-    "device on an H100) off its claim on both clocks: true 0.10 ms (1.50x) credited 0.04 ms, 3.75x on device "
-    "and host (2.5x gain); true 0.05 ms (3.0x) credited 0.005 ms, 30x (10x gain)"))
 def test_a_forward_that_does_not_block_gains_nothing_by_saying_it_does():
     honest = _not_blocking(0.10, 0.10, claims_to_block=False)
-    faked = _not_blocking(0.10, 0.04, claims_to_block=True, copy=_blocked_copy())
+    faked = _not_blocking(0.10, 0.04, claims_to_block=True)
     assert faked.timing["mode"] == "sync"
     for clock, speedup in _speedups(faked).items():
         assert speedup <= _speedups(honest)[clock] * 1.1, (clock, speedup)
 
 
 def test_the_same_shrink_without_the_claim_is_the_parents_clock():
-    """Without the claim (or with it, but with no calibration: an old store, a copy whose worker died) the same
-    shrink is read from the parent's clock: the allowance comes from the blocked copy alone, so `rejudge` of a
-    record made before it (no `blocked_copy`) credits no one more than before."""
-    for claims, copy in ((False, _blocked_copy()), (True, None)):
-        verdict = _not_blocking(0.10, 0.04, claims_to_block=claims, copy=copy)
+    """With the claim or without it, the same shrink is read from the parent's clock."""
+    for claims in (False, True):
+        verdict = _not_blocking(0.10, 0.04, claims_to_block=claims)
         for clock, speedup in _speedups(verdict).items():
             assert speedup == pytest.approx(REF_MS / 0.10, rel=0.05), (claims, clock)
 
 
 @pytest.mark.parametrize("true_ms", [0.05, 0.1, 0.3, 1.0])
-def test_what_saying_it_blocks_can_gain_is_bounded_by_the_copys_exposure(true_ms):
-    """The gain of attack 1 is bounded: a claimed time is believed only down to about the true time less the
-    copy's exposure in that kind and the usual threshold (10% of the claim, at least 5 us): an absolute 0.06 ms a
-    call on an H100, which is a large factor only for kernels of tens of microseconds."""
+def test_what_saying_it_blocks_can_gain_is_bounded_by_the_threshold(true_ms):
+    """A claimed time is believed only down to about the true time less the usual threshold (10% of the claim, at
+    least 5 us), whatever the candidate says about blocking (the copy's exposure, 0.06 ms a call on an H100, was
+    granted on top of it before)."""
     for shrink_ms in (0.03, 0.06, 0.09, 0.2):
         claim = max(true_ms - shrink_ms, 0.002)
-        verdict = _not_blocking(true_ms, claim, claims_to_block=True, copy=_blocked_copy())
+        verdict = _not_blocking(true_ms, claim, claims_to_block=True)
         for clock in ("device", "host"):
             cand_ms = clock_view(verdict, clock).cand_time_ms
-            floor = true_ms - COPY_EXPOSURE_MS[clock] - max(0.005, 0.1 * claim) - 0.003
+            floor = true_ms - max(0.005, 0.1 * claim) - 0.003
             assert cand_ms >= min(claim, floor) * 0.98, (clock, shrink_ms, cand_ms)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: the settle-gap allowance (the copy's excess, 0.023 ms on an H100) goes to a candidate that only "
-    "says it blocks: 0.04 ms of device work left past the end event (true 0.09 ms a call, events 0.05) is "
-    "exploit:unsynchronized without the claim and passed, 3.0x on the host clock (true 1.67x), with it"))
 def test_saying_it_blocks_buys_no_room_to_leave_work_past_the_end_event():
     def verdict(claims: bool):
         rounds = _unexplained_rounds(REF_MS, 0.05 + 0.04, 0.05, seed=5)
         v = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(claims)}, clean=_clean((REF_MS, REF_MS)))
         v.timing["interleaved"]["settle_gaps_ms"] = {"ref": [0.027] * 30, "cand": [0.067] * 30}
-        copy = _blocked_copy()
-        copy["settle_gaps_ms"] = {"ref": [0.027] * 20, "cand": [0.05] * 20}
-        v.timing["blocked_copy"] = copy
         return decide_timing(v, VERIFIED)
 
     assert verdict(False).status is Status.EXPLOIT_UNSYNCHRONIZED
@@ -122,15 +107,6 @@ def test_where_the_candidate_alone_blocks_one_kind_cannot_vouch_for_the_other():
         assert speedup == pytest.approx(REF_MS / 0.10, rel=0.05), clock
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (older than these commits; the per-kind test only covers the candidate-alone-blocked case): the "
-    "pooled test lets device-kind times inflated into the hold (d about -0.5 ms a call) pay for host-kind times "
-    "shrunk tenfold; with the reference's probe forged in the candidate's own process (auto), or under "
-    "--timing-mode hold, true 0.10 ms (1.50x) is credited 0.01 ms: 15.0x on both clocks (10x gain). Two "
-    "channels: the pooled d (device -0.8, host +0.09 a call) and the threshold, 10% of the pooled claims' upper "
-    "median, which the inflated device times set (0.050 ms); flooring each kind's d at -5 us alone still credits "
-    "15x (pooled d 0.042 < 0.050). Judging each kind on its own batches (as where the candidate alone blocks) or "
-    "capping the device-kind claims at the host-kind median inside the confirmation would close both"))
 @pytest.mark.parametrize("route", ["reference_probe_forged", "hold_requested"])
 def test_one_kinds_batches_cannot_vouch_for_the_others_times(route):
     rounds = _cross_kind(0.01, 0.5)
@@ -154,7 +130,6 @@ def test_a_blocked_candidates_device_clock_is_not_its_claim(device_claim_ms):
     for r in rounds:
         r["cand_ms"] = [device_claim_ms] * 3
     verdict = _verdict(rounds, probe={"ref": _probe(False), "cand": _probe(True)}, clean=_clean((REF_MS, REF_MS)))
-    verdict.timing["blocked_copy"] = _blocked_copy()
     verdict = decide_timing(verdict, VERIFIED)
     assert verdict.timing["clocks"]["device"]["source"] == "net_wall"
     assert clock_view(verdict, "device").speedup <= REF_MS / 0.08 * 1.03
