@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import os
 import random
 import time
@@ -28,6 +29,7 @@ STALE_CHECKS = 24
 REPLY_SLACK_MS = 0.05  # the parent's clock reads a little after the worker's last event: rounding, not time
 UNEXPLAINED_ABS_MS = 0.005  # per call: what two batches of the same harness work may differ by systematically
 UNEXPLAINED_FRACTION = 0.1  # of the candidate's claimed time: the most its device-clock speedup may be inflated
+FEW_ROUNDS = 5  # below this many judged rounds, each must account for its times (no order-statistic bound)
 
 
 class TimingForged(Exception):
@@ -325,13 +327,20 @@ def device_time_confirmed(rounds: list, kinds=KINDS) -> tuple[bool, dict]:
     `kinds`: the kinds of batch judged. Each clock is judged on its own kind's batches (kbverify.timing_verdict):
     pooled, device-kind times inflated into the hold's share of their batch paid for host-kind times shrunk
     tenfold (a red team's record: 0.10 ms credited 0.01 ms on both clocks)."""
-    differences = _differences(rounds, kinds)
-    seen = {**unexplained_ms(rounds), "rounds": len(differences)}
-    if len(differences) < 2:
-        return True, seen  # too little to tell; with few rounds the bound below is their minimum
+    differences = _differences(_rounds_the_estimate_rests_on(rounds, kinds), kinds)
+    seen = {**unexplained_ms(rounds), "rounds": len(_differences(rounds, kinds)), "judged_rounds": len(differences)}
+    if not differences:
+        return True, seen  # no batch of these kinds: no clock of them to confirm
     claimed = sorted(t for r in rounds for kind in kinds for t in r.get(side_key("cand", kind), ()))
     threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2])
     n = len(differences)
+    if n < FEW_ROUNDS:
+        # too few for an order-statistic bound (with two it is their minimum, and one honest-looking round
+        # vouched for a shrunk one: 4.5x; one round confirmed anything): every round must account for its times.
+        # Few rounds in a budget means long calls, next to which the harness's jitter is small.
+        seen.update({"median_difference_ms": differences[n // 2], "max_difference_ms": differences[-1],
+                     "threshold_ms": threshold})
+        return differences[-1] <= threshold, seen
     median = differences[n // 2]
     lower = _median_lower_bound(differences, 1.96)  # 95%
     # With few rounds (a short budget) the 95% bound rarely clears anything: a median past the threshold that is
@@ -345,6 +354,23 @@ def _median_lower_bound(ordered: list, z: float) -> float:
     """The order-statistic lower confidence bound of a median (normal approximation to the sign test)."""
     n = len(ordered)
     return ordered[max(0, int(n / 2 - z * math.sqrt(n) / 2) - 1)]
+
+
+def _rounds_the_estimate_rests_on(rounds: list, kinds) -> list:
+    """The rounds whose speedup is at least the median round's (of the kinds given): the speedup is a median of
+    per-round ratios, so only those can have raised it. Judged over every round, a candidate that shrank its times
+    in just over half of them and claimed a little more than its true time in the rest (d below zero there) held
+    the order-statistic bound of d's median at zero, and was credited 9.9x for a 1.5x kernel (a red team's
+    record); a median moved by the shrunk rounds needs more than half of them shrunk, and then this half is
+    nearly all shrunk."""
+    scored = []
+    for r in rounds:
+        ref = [t for kind in kinds for t in r.get(side_key("ref", kind)) or ()]
+        cand = [t for kind in kinds for t in r.get(side_key("cand", kind)) or ()]
+        if ref and cand and min(cand) > 0:
+            scored.append((statistics.median(ref) / statistics.median(cand), r))
+    scored.sort(key=lambda pair: pair[0])
+    return [r for _, r in scored[(len(scored) - 1) // 2:]]
 
 
 def _differences(rounds: list, kinds) -> list:
