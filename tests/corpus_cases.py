@@ -20,6 +20,9 @@ class Case:
     open: str = ""  # the structural defence that is missing; the case is expected to fail until it exists
     max_speedup: dict = field(default_factory=dict)  # protocol → the most its measured speedup may be
     budget_s: dict = field(default_factory=dict)  # protocol → its timing budget, where the corpus's short one is not enough
+    # protocol → the run secret (every seed), where the case holds for some draws only and another case holds the
+    # others (an open one): the draw it is about, named, instead of a coin toss in CI
+    secret: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -34,13 +37,13 @@ def read_case(path: Path) -> Case:
     header = path.read_text().splitlines()[:8]
     fields: dict[str, str] = {}
     for line in header:
-        match = re.match(r"#\s*(kbverify-test|expect|warn|open|max-speedup|budget):\s*(.*)", line)
+        match = re.match(r"#\s*(kbverify-test|expect|warn|open|max-speedup|budget|secret):\s*(.*)", line)
         if match:
             fields[match[1]] = match[2]
     task = _pairs(fields.get("kbverify-test", ""))["task"]
     return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")),
                 fields.get("open", ""), {k: float(v) for k, v in _pairs(fields.get("max-speedup", "")).items()},
-                {k: float(v) for k, v in _pairs(fields.get("budget", "")).items()})
+                {k: float(v) for k, v in _pairs(fields.get("budget", "")).items()}, _pairs(fields.get("secret", "")))
 
 
 def all_cases(folder: str) -> list[Case]:

@@ -4,6 +4,8 @@ Exploits must pass `original` (that is what makes them exploits of KernelBench's
 `verified`; honest submissions must pass `verified` (no false positives); faults get the right status.
 """
 
+import dataclasses
+
 import pytest
 
 from corpus_cases import all_cases
@@ -30,7 +32,10 @@ def test_corpus_verdicts(case):
     for name, protocol in PROTOCOLS.items():
         if name in case.budget_s:
             protocol = protocol.with_overrides(timing_budget_s=case.budget_s[name])
-        verdict = check(task, submission, protocol, FAULT_OPTIONS if case.path.parent.name == "faults" else OPTIONS)
+        options = FAULT_OPTIONS if case.path.parent.name == "faults" else OPTIONS
+        if name in case.secret:
+            options = dataclasses.replace(options, secret=case.secret[name])
+        verdict = check(task, submission, protocol, options)
         allowed = case.expect[name].split("|")
         # the run's secret picks every seed: with it, a failure here can be reproduced and examined
         assert verdict.status.value in allowed, \
