@@ -34,7 +34,7 @@ PUBLISHED = REPO / "examples" / "published_run"
 ALL_TASKS = load_task_dir(BASIC) + load_task_dir(DEGENERATE)
 CORPUS_FILES = sorted(CORPUS.glob("*/*.py"))
 RUNNABLE_SUBMISSIONS = [p for p in CORPUS_FILES if p.parent.name in ("honest", "exploits")]
-HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget): (?P<value>.*)$")
+HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget|secret): (?P<value>.*)$")
 DEFECTS = ("Constant", "NearZero", "MostlyZero", "UniformAxis", "DeadInput", "DeadParameter", "Stochastic",
            "NonFinite", "Identity")
 
@@ -251,6 +251,8 @@ def test_corpus_header_is_well_formed(path: Path):
         assert protocol in expect
         assert all(Warn(code) for code in codes.split(","))
     assert header["why"]
+    for protocol, secret in _pairs(header.get("secret", "")).items():  # a pinned draw: one protocol's run secret
+        assert protocol in expect and re.fullmatch(r"[0-9a-f]{16}", secret), (protocol, secret)
     if path.parent.name == "honest":
         assert statuses["verified"] is Status.PASSED
     if path.parent.name == "exploits":
