@@ -35,13 +35,14 @@ class ModelNew(Model):
 """
 
 
-def measure(task_path: str, submission_path: str, budget_s: float, device: str) -> dict:
+def measure(task_path: str, submission_path: str, budget_s: float, device: str, lead_call: bool = True) -> dict:
     task = load_task(Path(task_path))
     payload = {"task_source": task.source, "task_name": task.name,
                "submission_source": (BLOCKED_COPY_SOURCE if submission_path == "blocked-copy"
                                      else Path(submission_path).read_text()), "device": device,
                "secret": new_run_secret(), "budget_s": budget_s, "ci_half_width": 0.005, "train_mode": True,
-               "baseline_matmul_tf32": True, "baseline_cudnn_tf32": True, "candidate_grad_enabled": False}
+               "baseline_matmul_tf32": True, "baseline_cudnn_tf32": True, "candidate_grad_enabled": False,
+               "host_lead_call": lead_call}
     outcome, driven = timing_control.run("timing", payload, timeout_s=300.0, device=device, budget_s=budget_s,
                                          target_half_width=0.005, check=False)
     record = outcome.result or {}
@@ -81,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--no-lead", action="store_true", help="no untimed call before each host-kind batch")
     args = parser.parse_args(argv)
     for repeat in range(args.repeats):
-        result = measure(args.task, args.submission, args.budget_s, args.device)
+        result = measure(args.task, args.submission, args.budget_s, args.device, lead_call=not args.no_lead)
         for kind in timing_control.KINDS:
             if kind in result:
                 k = result[kind]

@@ -177,15 +177,24 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
            deadline: float) -> None:
     seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
     first = calls[side]
-    sent = time.monotonic()
+    asked = time.monotonic()
     _send(child, {"op": "batch", "side": side, "kind": kind, "seeds": seeds,
                   "distributions": [distribution] * len(seeds)})
-    reply = _reply(child, "batch", deadline)
+    if _reply(child, "prepared", deadline) is None:
+        raise TimeoutError(_silence(child, f"the worker stopped answering while drawing the {side} batch's inputs"))
+    # This clock holds the batch's calls back to back and little else: the inputs were drawn before it started,
+    # the outputs are checked after it stops (kbverify.child.timing_rounds._calls).
+    sent = time.monotonic()
+    _send(child, {"op": "go"})
+    timed = _reply(child, "timed", deadline)
     wall_ms = (time.monotonic() - sent) * 1e3
+    reply = _reply(child, "batch", deadline) if timed is not None else None
     if reply is None:
         raise TimeoutError(_silence(child, f"the worker stopped answering during the {side} batch"))
+    entry[side_key(side, kind, "span_ms")] = (time.monotonic() - asked) * 1e3  # draws and checks included
     times = reply.get("times_ms")
     if (not isinstance(times, list) or len(times) != len(seeds) or reply.get("side") != side
+            or timed.get("times_ms") != times
             or reply.get("batch_kind", "device") != kind
             or not all(_finite_positive(t) for t in times) or reply.get("first_call") != first):
         raise TimingForged(f"the {side} batch's reply is not one the harness sends: {str(reply)[:200]}")

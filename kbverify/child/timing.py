@@ -142,7 +142,8 @@ def _measure(record: dict, payload: dict, sides: dict, device, flush, projector,
         gc.collect()
         gc.freeze()
         announce("timing:rounds")
-        record["timing_s"] = _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock)
+        record["timing_s"] = _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock,
+                                             lead_call=bool(payload.get("host_lead_call", True)))
         record["signature"] = _reference_signature(reference, namespace, device)
     except BaseException as error:  # noqa: BLE001 - who raised decides whose failure it is
         record["error"] = short_error(error)
