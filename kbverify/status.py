@@ -83,6 +83,8 @@ class Warn(str, enum.Enum):
     STATIC_SUSPICIOUS = "static_suspicious"
     BASELINE_ALLOWANCE_USED = "baseline_allowance_used"
     REFERENCE_SLOWED = "reference_slowed_beside_candidate"  # speedup taken against the clean reference time
+    # the reference read faster beside the candidate than alone: neither side's reported times are believed
+    REFERENCE_HASTENED = "reference_faster_beside_candidate"
     NO_VALID_INPUT_SETS = "no_valid_input_sets"
     TIMED_OUTPUTS_NEAR_TOLERANCE = "timed_outputs_near_tolerance"  # a few timed outputs just over the limit
     HOST_OVERHEAD = "host_overhead"  # its extra host work per call exceeds the reference's device time per call
