@@ -161,3 +161,31 @@ def test_an_honest_forward_slow_once_within_k_times_the_references_pace_passes()
     strict, _ = _check(SLOW_ONCE, CheckOptions(device="cpu", timeout_s=OUTER_S, hang_floor_s=1.0, hang_factor=0.0,
                                                measure_speed=False))
     assert strict.status is Status.TIMEOUT and "no progress" in strict.message, strict.message
+
+
+class _ReplyArrivesDuringTheStallCheck:
+    """A worker channel whose awaited reply is read in by the stall check's own read, as happens when it arrives
+    between the parent's look at its replies and that check."""
+
+    def __init__(self):
+        self.messages = type("Messages", (), {"replies": []})()
+        self.waited_s = 0.0
+
+    def stalled(self) -> bool:
+        self.messages.replies.append({"op": "prepared"})
+        return False
+
+    def read(self, timeout_s: float) -> bool:
+        self.waited_s += timeout_s
+        time.sleep(timeout_s)
+        return True
+
+
+def test_a_reply_read_in_by_the_stall_check_is_taken_without_waiting_for_another():
+    from kbverify import timing_control
+
+    child = _ReplyArrivesDuringTheStallCheck()
+    started = time.monotonic()
+    reply = timing_control._reply(child, "prepared", deadline=started + 10.0)
+    assert reply == {"op": "prepared"} and child.messages.replies == []
+    assert child.waited_s == 0.0 and time.monotonic() - started < 0.5

@@ -60,55 +60,45 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
             go = worker.receive_command()
             if go is None or go.get("op") != "go":
                 return time.monotonic() - started
-            times, pending = _calls(side, staged, device, flush, projector, reassert if name == "ref" else None,
-                                    cover, kind)
+            times = _calls(side, staged, device, flush, projector, reassert if name == "ref" else None, cover,
+                           kind)
             worker.send({"kind": "reply", "op": "timed", "times_ms": times})
         finally:
             if collecting:
                 gc.enable()
-        _after_calls(side, pending, projector, device)
         commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
         worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
                      "commits": commits,
                      "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
 
 
-def _calls(side, staged, device, flush, projector, before_call, cover, kind: str) -> tuple[list, list]:
-    """A batch's timed calls back to back, on inputs drawn before the parent's clock started: between two calls
-    only the next call's placement, its flush and the previous call's early projection, so the parent's clock
-    around the batch holds the calls and little else, for both sides alike. The harness's work on the outputs
-    (the late projections, the settle check, the poison) comes after the last call (`_after_calls`), outside that
-    clock: it was 1.1 ms a call on an H100, which a submission's code outside its own calls could pad on the
-    reference's side (a gc callback), and which left a forward that waits on the device inside its call on a cold
-    host path in the host kind (KernelBench's back-to-back loop read a device-synchronising kernel 2.1x; with the
-    harness's work between calls, 1.76x).
+def _calls(side, staged, device, flush, projector, before_call, cover, kind: str) -> list:
+    """A batch's timed calls on inputs drawn before the parent's clock started. After every call, before the next
+    can touch its inputs (an output may legally be a view of them), its output is checked after a device-wide
+    synchronise (work deferred past the call shows up here) and poisoned: nothing of the reference's answer is
+    left for the candidate to find, and a candidate that hands back a tensor it keeps finds NaN in it next time.
+    Both sides get the same host work after every call, or the side whose host has just done more launches its
+    next call slower; it is harness code on the harness's tensors, with the collector off, so a submission has
+    no hook in it to pad the reference's share of the parent's clock.
 
-    Every call's inputs and outputs stay alive until the batch's outputs are settled, so no call after the first refills a tensor of the batch (an output may be a view of its
-    inputs); the first may refill the previous batch's."""
-    times, pending, alive = [], [], []
-    for position, (seed, inputs) in enumerate(staged):
-        if position:
-            side.previous_inputs = None
+    Each output is freed before the next call, as in a caller's loop: with a batch's outputs kept alive until
+    its end, every call wrote fresh memory (a CPU's page faults: 1.7x on a 1 MB ReLU) and a README example read
+    0.57x against itself."""
+    times, pending = [], []
+    for seed, inputs in staged:
         elapsed, seed, placed, out, early = _timed_call(
             side, lambda seed=seed, inputs=inputs: (seed, inputs), device, flush, projector, before_call, cover, kind)
-        alive.append(placed)
+        del placed
         times.append(elapsed)
         side.calls.append({"seed": seed})
         pending.append((len(side.calls) - 1, out, early))
-    return times, pending
-
-
-def _after_calls(side, pending: list, projector, device) -> None:
-    """The batch's outputs checked after a device-wide synchronise (work deferred past a call shows up here), then
-    poisoned: nothing of the reference's answer is left for the candidate to find, and a candidate that hands back
-    a tensor it keeps finds NaN in it next time."""
-    outputs = [out for _, out, _ in pending]
-    mark = time.perf_counter_ns()
-    _settle(pending, projector, side, device)
-    mark = side.spent("settle", mark)
-    for out in outputs:
+        mark = time.perf_counter_ns()
+        _settle(pending, projector, side, device)
+        mark = side.spent("settle", mark)
         poison(out, side.own_storages)
-    side.spent("poison", mark)
+        side.spent("poison", mark)
+        del out
+    return times
 
 
 def _lead(side, device) -> None:
