@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import os
+import signal
 import sys
 import types
 
@@ -104,7 +105,30 @@ _PROCESS_STATE = {
     "torch.nn.modules.module global hooks": _global_module_hooks,
     "sys.getswitchinterval": sys.getswitchinterval,  # how long a spinning thread may hold the GIL
     "aten kernels": _aten_kernels,
+    "signals and timers": lambda: signal_state(),
 }
+
+
+def signal_state() -> str:
+    """What can interrupt the harness from outside the submission's own calls: the signals this process catches
+    as the kernel sees them (Python's handlers and a native library's alike), its interval timers that are armed,
+    and its POSIX timers. A handler run by a timer inside the reference's batch pads the reference's share of
+    the parent's clock, which the candidate's shrunk times are measured against (a red team's 2.8x for a 1x
+    matmul); checked before every batch (kbverify.child.timing_rounds) and at the end."""
+    caught = ""
+    try:
+        with open("/proc/self/status") as status:
+            caught = next((line.split()[1] for line in status if line.startswith("SigCgt:")), "")
+    except OSError:
+        pass
+    armed = tuple(signal.getitimer(which) != (0.0, 0.0)
+                  for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF))
+    try:
+        with open("/proc/self/timers") as timers:
+            posix = sum(line.startswith("ID:") for line in timers)
+    except OSError:
+        posix = 0
+    return f"caught {caught or '?'}, interval timers armed {armed}, POSIX timers {posix}"
 
 
 def _parts(obj) -> tuple:

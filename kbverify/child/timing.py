@@ -84,7 +84,8 @@ def timing_job(payload: dict) -> dict:
     flush = flush_buffer(device)
     cover = _device_hold(device, record["warnings"])
     reassert, flag_changes = _reasserter(before.flags)
-    _measure(record, payload, sides, device, flush, projector, reassert, cover, reference, namespace)
+    _measure(record, payload, sides, device, flush, projector, reassert, cover, reference, namespace,
+             signals=before.sensitive.get("state:signals and timers"))
     return finish_record(record, sides, cover, before, flag_changes, watch, reference, namespace, device)
 
 
@@ -128,7 +129,7 @@ def _reasserter(flags: dict):
 
 
 def _measure(record: dict, payload: dict, sides: dict, device, flush, projector, reassert, cover, reference,
-             namespace: dict) -> None:
+             namespace: dict, signals=None) -> None:
     """The warm-up, then the parent's rounds; a failure is recorded with the side whose phase it happened in."""
     announce("timing:warmup")
     try:
@@ -143,7 +144,7 @@ def _measure(record: dict, payload: dict, sides: dict, device, flush, projector,
         gc.freeze()
         announce("timing:rounds")
         record["timing_s"] = _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock,
-                                             lead_call=bool(payload.get("host_lead_call", True)))
+                                             lead_call=bool(payload.get("host_lead_call", True)), signals=signals)
         record["signature"] = _reference_signature(reference, namespace, device)
     except BaseException as error:  # noqa: BLE001 - who raised decides whose failure it is
         record["error"] = short_error(error)

@@ -18,11 +18,13 @@ from kbverify.child.worker import announce, synchronize
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
 
-def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *, lead_call: bool = True) -> float:
-    """The parent's rounds (kbverify.timing_control), one side's batch at a time: it names the side and each call's
-    input seed, and reads the times back at once, bounded by its own clock around the batch's calls. Each call's
-    output projections are committed to (a hash per call) before the parent says which calls it checks, so they
-    cannot be redone afterwards. Returns the seconds spent serving."""
+def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *, lead_call: bool = True,
+                   signals=None) -> float:
+    """The parent's rounds (kbverify.timing_control), one side's batch at a time: it names the side, then starts
+    its clock and sends each call's input seed, and reads the times back at once, bounded by that clock. Each
+    call's output projections are committed to (a hash per call) before the parent says which calls it checks,
+    so they cannot be redone afterwards. `signals`: the process's signal state before the submission loaded
+    (guards.signal_state). Returns the seconds spent serving."""
     from kbverify.child import worker
 
     worker.send({"kind": "reply", "op": "ready"})
@@ -36,40 +38,53 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
             side = sides["cand"]
             chosen = {str(i): side.batch[i] for i in command.get("calls", []) if i in side.batch}
             worker.send({"kind": "reply", "op": "reveal", "calls": chosen})
-            continue
-        if command.get("op") != "batch":
-            continue
-        name = "ref" if command.get("side") == "ref" else "cand"
-        kind = command.get("kind") if command.get("kind") in KINDS else "device"
-        side = sides[name]
-        side.batch = {}
-        _check_sides(sides, models)
-        announce("timing:reference" if name == "ref" else "candidate:timing")
-        seeds = command.get("seeds", [])
-        distributions = command.get("distributions") or ["x1"] * len(seeds)
-        if kind == "host" and lead_call:
-            _lead(side, device)
-        staged = [side.inputs_for(int(seed), str(d)) for seed, d in zip(seeds, distributions)]
-        # The collector stays off from before the parent's clock starts until after it stops (the "go" read, the
-        # calls, the "timed" sent): a submission's gc callback runs at a collection, and one run while the
-        # reference's batch was on that clock padded the reference's share of it (a candidate then 17x "faster").
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            worker.send({"kind": "reply", "op": "prepared"})
-            go = worker.receive_command()
-            if go is None or go.get("op") != "go":
+        elif command.get("op") == "batch":
+            name = "ref" if command.get("side") == "ref" else "cand"
+            sides[name].batch = {}
+            _check_sides(sides, models, signals)
+            kind = command.get("kind") if command.get("kind") in KINDS else "device"
+            times = _batch(sides[name], name, kind, device, flush, projector, reassert, cover, lead_call)
+            if times is None:
                 return time.monotonic() - started
-            times = _calls(side, staged, device, flush, projector, reassert if name == "ref" else None, cover,
-                           kind)
-            worker.send({"kind": "reply", "op": "timed", "times_ms": times})
-        finally:
-            if collecting:
-                gc.enable()
-        commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
-        worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
-                     "commits": commits,
-                     "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
+            side = sides[name]
+            commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
+            worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
+                         "commits": commits, "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
+
+
+def _batch(side, name: str, kind: str, device, flush, projector, reassert, cover, lead_call: bool) -> list | None:
+    """One side's batch: its calls' times, or None if the parent's `go` never came.
+
+    The seeds come with `go`, after the parent's clock has started: no code of the candidate's that runs before
+    it (a lead call's forward, a finalizer freed with the last batch's store) can know the inputs and compute
+    the outputs off the clock (a red team's 3x from a finalizer that read the seeds from the batch command). The
+    draws are then harness work on the clock, the same for both sides. The collector stays off from before the
+    clock starts until after it stops (a gc callback run in the reference's batch padded its share of that clock:
+    a candidate 17x "faster"), and nothing that existed before the batch is freed inside it (the previous
+    inputs go after `timed`): a finalizer on a reference tensor freed there padded it the same way (2.4x)."""
+    from kbverify.child import worker
+
+    announce("timing:reference" if name == "ref" else "candidate:timing")
+    if kind == "host" and lead_call:
+        _lead(side, device)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        worker.send({"kind": "reply", "op": "prepared"})
+        go = worker.receive_command()
+        if go is None or go.get("op") != "go":
+            return None
+        seeds = go.get("seeds", [])
+        distributions = go.get("distributions") or ["x1"] * len(seeds)
+        staged = [side.inputs_for(int(seed), str(d)) for seed, d in zip(seeds, distributions)]
+        times = _calls(side, staged, device, flush, projector, reassert if name == "ref" else None, cover, kind)
+        worker.send({"kind": "reply", "op": "timed", "times_ms": times})
+    finally:
+        if collecting:
+            gc.enable()
+    staged = None
+    side.released.clear()
+    return times
 
 
 def _calls(side, staged, device, flush, projector, before_call, cover, kind: str) -> list:
@@ -124,7 +139,7 @@ class HarnessChanged(RuntimeError):
     """The timing worker's own objects were changed from outside the harness (a frame walk from a forward)."""
 
 
-def _check_sides(sides: dict, models: dict) -> None:
+def _check_sides(sides: dict, models: dict, signals=None) -> None:
     """Before every batch: the sides are the harness's as it built them. Their objects are locals of the batch loop,
     which the tamper snapshot of module globals does not see, and a forward that walks its frames can reach
     them: a reference swapped for a slower one, a method shadowed on the instance (a draw that waits), a batch
@@ -137,6 +152,9 @@ def _check_sides(sides: dict, models: dict) -> None:
         shadowed = [key for key in vars(side) if callable(getattr(Side, key, None))]
         if shadowed:
             raise HarnessChanged(f"the {name} side's {shadowed[0]} was replaced on the instance")
+    if signals is not None and guards.signal_state() != signals:
+        raise HarnessChanged(f"a signal handler or timer was set ({guards.signal_state()}; before the submission: "
+                             f"{signals})")
 
 
 def commitment(entry: dict) -> str:
@@ -158,6 +176,7 @@ def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float
             seed = derive_seed(side.secret, name, "warmup", calls)
             _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)), device,
                         flush, projector, reassert if name == "ref" else None, cover)
+            side.released.clear()
         calls += 1
         if calls >= 50:
             break

@@ -38,6 +38,7 @@ class Side:
         self.settle_gaps_ms: list[float] = []
         self.calls: list[dict] = []
         self.previous_inputs: list | None = None
+        self.released: list = []  # inputs dropped inside a batch, freed after it
         self.threads_started = 0
         self.host_ms: list[float] = []  # hold → end event on the host: what the device-side hold has to cover
         self.probe: list[list[float]] = []  # warm-up: [hold ms, host ms] per call (is the forward blocked?)
@@ -87,8 +88,11 @@ class Side:
             self.spacer = torch.empty(_random_bits(32) % self.jitter_bytes // 512 * 512 + 512, dtype=torch.uint8,
                                       device=self.device)
         reuse = previous is not None and _random_bits(1) == 1 and _layout(previous) == _layout(staged)
-        if not reuse:
-            self.previous_inputs = previous = None  # freed first: at most two copies of the inputs exist at once
+        if not reuse and previous is not None:
+            # freed after the batch's clock stops (timing_rounds._batch), not inside it: a finalizer a forward
+            # attached to the reference's last inputs would run there
+            self.released.append(previous)
+            self.previous_inputs = previous = None
         shared = _shared_storages(staged)
         placed = [_refill(value, previous[index] if reuse else None, shared) for index, value in enumerate(staged)]
         self.previous_inputs = placed
