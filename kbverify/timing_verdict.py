@@ -77,8 +77,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     estimate, ref_ms, cand_ms = adjusted[used]
     if estimate.speedup > EXCESSIVE_SPEEDUP:
         warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
-    sm_clocks = [r.get("sm_clock_mhz") for r in all_rounds if r.get("sm_clock_mhz")]
-    if sm_clocks and min(sm_clocks) < 0.9 * max(sm_clocks):
+    if _throttled(all_rounds):
         warnings.append(Warn.THROTTLED.value)
     timing = {**verdict.timing, "mode": choice.mode, "mode_reason": choice.reason, "blocked": list(choice.blocked),
               "mode_evidence": choice.evidence,
@@ -91,6 +90,12 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _throttled(rounds: list) -> bool:
+    """The SM clock fell below 90% of its highest while timing."""
+    sm_clocks = [r.get("sm_clock_mhz") for r in rounds if r.get("sm_clock_mhz")]
+    return bool(sm_clocks) and min(sm_clocks) < 0.9 * max(sm_clocks)
 
 
 def _confirmation(rounds: list) -> tuple[dict, dict]:
