@@ -195,7 +195,7 @@ def _by_distribution(rounds: list, kind: str, cap: bool) -> dict[str, list]:
     is (each side at most its own host-kind median) where `cap`."""
     ref_key, cand_key = timing_control.side_key("ref", kind), timing_control.side_key("cand", kind)
     kept = [r for r in rounds if r.get(ref_key) and r.get(cand_key)]
-    pairs = [(r[ref_key], r[cand_key]) for r in kept]
+    pairs = [(timing_control.evened(r[ref_key]), timing_control.evened(r[cand_key])) for r in kept]
     host = timing_control.paired_rounds(rounds, "host") if cap else []
     if host and pairs:
         ceilings = timing_modes.side_medians(host)

@@ -13,7 +13,7 @@ import torch
 
 from kbverify.child import guards
 from kbverify.child.timed_call import KINDS, _timed_call
-from kbverify.child.timing_sides import Side, output_signature, poison
+from kbverify.child.timing_sides import Projector, Side, output_signature, poison
 from kbverify.child.worker import announce, synchronize
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
@@ -30,6 +30,7 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
     worker.send({"kind": "reply", "op": "ready"})
     models = {name: side.model for name, side in sides.items()}
     started = time.monotonic()
+    threads = guards.thread_count()  # after the warm-up: a compiler's worker threads are there by now
     while True:
         command = worker.receive_command()
         if command is None or command.get("op") == "end":
@@ -42,6 +43,12 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
             name = "ref" if command.get("side") == "ref" else "cand"
             sides[name].batch = {}
             _check_sides(sides, models, signals)
+            _check_harness(projector, flush)
+            if guards.thread_count() > threads:
+                # A thread that outlives the call that started it can run inside the reference's batch: one holding
+                # the GIL there padded the reference's share of the parent's clock (a red team's 2.7x for a 1x matmul)
+                raise HarnessChanged(f"threads were started during the timed rounds ({guards.thread_count()} "
+                                     f"running, {threads} after the warm-up)")
             kind = command.get("kind") if command.get("kind") in KINDS else "device"
             times = _batch(sides[name], name, kind, device, flush, projector, reassert, cover, lead_call)
             if times is None:
@@ -155,6 +162,22 @@ def _check_sides(sides: dict, models: dict, signals=None) -> None:
     if signals is not None and guards.signal_state() != signals:
         raise HarnessChanged(f"a signal handler or timer was set ({guards.signal_state()}; before the submission: "
                              f"{signals})")
+
+
+def _check_harness(projector, flush) -> None:
+    """Before every batch: the projector and the flush buffer, which both sides' calls use, are the harness's as
+    it built them. A tensor subclass's __torch_function__ put in a projection plan ran inside the settling after
+    every reference call, padding the reference's share of the parent's clock (a red team's 2.5x for a 1x
+    matmul). In-process, so it raises the bar rather than closing the way."""
+    if type(projector) is not Projector or type(projector.plans) is not dict:
+        raise HarnessChanged("the output projector or its plans were replaced")
+    if any(callable(getattr(Projector, key, None)) for key in vars(projector)):
+        raise HarnessChanged("a method of the output projector was replaced on the instance")
+    for plan in projector.plans.values():
+        if type(plan) is not tuple or any(type(part) is not torch.Tensor for part in plan):
+            raise HarnessChanged("an output projection plan was replaced")
+    if flush is not None and type(flush) is not torch.Tensor:
+        raise HarnessChanged("the cache flush buffer was replaced")
 
 
 def commitment(entry: dict) -> str:
