@@ -30,6 +30,7 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
     worker.send({"kind": "reply", "op": "ready"})
     models = {name: side.model for name, side in sides.items()}
     started = time.monotonic()
+    sm_clock()  # any thread the clock reader starts on first use is in the count below
     threads = guards.thread_count()  # after the warm-up: a compiler's worker threads are there by now
     while True:
         command = worker.receive_command()
