@@ -280,6 +280,12 @@ def modes_left_active(before: tuple[int, int]) -> list[str]:
     return [name for name, depth, now in zip(_MODE_NAMES, before, mode_depths()) if now > depth]
 
 
+def python_thread_count() -> int:
+    """Threads that run Python code (any that holds the GIL does): native threads a driver starts when it likes
+    (CUDA's, NVML's) are not among them."""
+    return len(sys._current_frames())
+
+
 def thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))

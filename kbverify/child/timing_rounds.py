@@ -30,8 +30,7 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
     worker.send({"kind": "reply", "op": "ready"})
     models = {name: side.model for name, side in sides.items()}
     started = time.monotonic()
-    sm_clock()  # any thread the clock reader starts on first use is in the count below
-    threads = guards.thread_count()  # after the warm-up: a compiler's worker threads are there by now
+    threads = guards.python_thread_count()  # after the warm-up: a compiler's worker threads are there by now
     while True:
         command = worker.receive_command()
         if command is None or command.get("op") == "end":
@@ -45,11 +44,11 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
             sides[name].batch = {}
             _check_sides(sides, models, signals)
             _check_harness(projector, flush)
-            if guards.thread_count() > threads:
+            if guards.python_thread_count() > threads:
                 # A thread that outlives the call that started it can run inside the reference's batch: one holding
                 # the GIL there padded the reference's share of the parent's clock (a red team's 2.7x for a 1x matmul)
-                raise HarnessChanged(f"threads were started during the timed rounds ({guards.thread_count()} "
-                                     f"running, {threads} after the warm-up)")
+                raise HarnessChanged(f"Python threads were started during the timed rounds "
+                                     f"({guards.python_thread_count()} running, {threads} after the warm-up)")
             kind = command.get("kind") if command.get("kind") in KINDS else "device"
             times = _batch(sides[name], name, kind, device, flush, projector, reassert, cover, lead_call)
             if times is None:
