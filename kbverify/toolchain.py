@@ -21,7 +21,7 @@ PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
 BUILT_PROBE_TRUSTED_S = 600.0
 _built_at: dict[tuple, float] = {}
 _built_lock = threading.Lock()
-_PER_SUBMISSION = ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR")  # cache folders: they do not change a compiler
+_PER_SUBMISSION = sandbox.BUILD_FOLDERS  # cache folders: they do not change a compiler
 
 _CPP_PROBE = '''from torch.utils.cpp_extension import load_inline
 

@@ -20,7 +20,17 @@ def _cuda_available() -> bool:
         return False
 
 
+# Modules whose tests are many independent checks: spread one test at a time over the parallel part's workers.
+# Every other module keeps its tests on one worker (`--dist loadgroup`), so a module's fixtures (a C++ build, a
+# rescore's store) are made once.
+SPREAD = {"test_corpus", "test_bundled_tasks"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__ if item.module else ""
+        if module not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(module))
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -19,8 +19,18 @@ PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_bu
 CASES = all_cases("honest") + all_cases("exploits") + all_cases("faults")
 # An open bypass fails its test until its defence exists; strict, so the day it is caught the suite says so
 # (then drop its `# open:` line and add an honest case beside it).
-PARAMS = [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="open: " + case.open)) if case.open
-          else case for case in CASES]
+# A case whose verdict rests on a measured speed (a bound on it, or a budget for it) runs in the serial part of
+# the suite, alone on the machine; the others run two at a time (.ci/run).
+
+
+def _marks(case) -> list:
+    marks = [pytest.mark.serial] if case.max_speedup or case.budget_s else []
+    if case.open:
+        marks.append(pytest.mark.xfail(strict=True, reason="open: " + case.open))
+    return marks
+
+
+PARAMS = [pytest.param(case, marks=_marks(case)) for case in CASES]
 OPTIONS = CheckOptions(device="cpu", timeout_s=120.0)  # room for a first C++ build on a busy 2-core machine
 FAULT_OPTIONS = CheckOptions(device="cpu", timeout_s=15.0)  # the hang is killed at this deadline
 

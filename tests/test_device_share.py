@@ -29,6 +29,8 @@ from kbverify.status import Status
 from kbverify.store import Store
 from tests.test_rescore import FAST, HONEST, RELU_IDENTITY, WORKER_TIMEOUT_S, write_run
 
+pytestmark = pytest.mark.serial  # it runs checks side by side itself: alone on the machine (.ci/run)
+
 
 class Recorder:
     """Every LeaseEvent, and the invariant checked at each one (the observer runs under the lease's lock)."""

@@ -15,6 +15,8 @@ from kbverify.status import Status
 from kbverify.submissions import make_submission
 from kbverify.tasks import parse_task
 
+pytestmark = pytest.mark.serial  # it bounds how long a hang takes to end: alone on the machine (.ci/run)
+
 
 # ---- the rule ------------------------------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ import pytest
 
 from kbverify.progress import HEARTBEAT_S, Progress, Reporter, estimate_left_s, where
 
+pytestmark = pytest.mark.serial  # it bounds the time between progress lines: alone on the machine (.ci/run)
+
 REPO = Path(__file__).resolve().parent.parent
 LOG_GAP_LIMIT_S = 30.0
 

@@ -13,6 +13,8 @@ import pytest
 
 from kbverify.status import Status, Warn
 
+pytestmark = pytest.mark.serial  # its example prints a measured speed: alone on the machine (.ci/run)
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 SPEEDS = ("faster", "slower", "same", "ambiguous")
@@ -57,7 +59,8 @@ def test_the_first_block_holds_the_two_commands_and_ci_runs_the_second():
     assert commands == [
         "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && kbverify demo",
         "python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test,ray]' && "
-        "python3 -m pytest -m \"not gpu\""]
+        "python3 -m pytest -m \"not gpu and not serial\" -n 2 --dist loadgroup && "
+        "python3 -m pytest -m \"not gpu and serial\""]
     assert (REPO / ".ci" / "run").read_text().rstrip().splitlines()[-1] == commands[1]
 
 

@@ -68,6 +68,8 @@ def test_grandchildren_die_with_the_child():
         raise AssertionError("grandchild still running after the child was killed")
 
 
+@pytest.mark.serial  # the count misses what is written between the parent's size check and its cut: a parent
+# kept off the CPU by other tests there (two at a time on two cores) missed a quarter
 def test_a_flood_of_output_is_bounded_and_the_result_survives():
     outcome = _build("import sys\nfor _ in range(2000):\n    sys.stdout.write('y' * 10000 + '\\n')\nx = 1\n")
     assert outcome.result["ok"] is True

@@ -7,6 +7,8 @@ from kbverify.runner import CheckOptions, check
 from kbverify.submissions import make_submission
 from kbverify.tasks import parse_task
 
+pytestmark = pytest.mark.serial  # its verdicts are measured speeds: alone on the machine (.ci/run)
+
 TASK = """
 import torch
 import torch.nn as nn
@@ -82,8 +84,11 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     if paired_high / paired_low < 1.2:
         assert 0.45 < verdict.speedup < 0.55, (verdict.speedup, verdict.timing["clocks"]["device"])
     assert verdict.speed_class in ("slower", "ambiguous"), verdict.speed_class
-    if high < 0.9:
-        assert verdict.speed_class == "slower"
+    # `slower` once the interval clears the noise band, which the A/A rounds may widen past the 10% floor on a
+    # loaded machine (seen on CI: high < 0.9 against a wider band, read `ambiguous`)
+    margin = verdict.timing.get("noise_margin", 0.1)
+    if high < 1.0 - margin:
+        assert verdict.speed_class == "slower", (verdict.speedup_ci, margin)
     # the budget is a cap on when the last round may start (a round the machine stalls still ends, and the
     # harness's own work between rounds counts too, so a loaded 2-core machine gets some slack); what the parent
     # does after the last round is not the stopping rule's (a 0.4 s stall there once failed a bound on the whole)
