@@ -222,11 +222,21 @@ def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(relu_
     assert not stale.exists()
 
 
-_FAILING_BUILD = '''import torch
+_FAILING_BUILD = '''import os
+import tempfile
+
+import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-ext = load_inline(name="kbverify_failing_build", cpp_sources="#error {message}\\n", functions=[], verbose=False)
+# its own torch/extension.h, found before torch's (-I before -isystem): the build stops at once, not after the
+# 20 s that torch's headers take to parse
+include = tempfile.mkdtemp()
+os.makedirs(os.path.join(include, "torch"))
+with open(os.path.join(include, "torch", "extension.h"), "w") as header:
+    header.write("#error {message}\\n")
+ext = load_inline(name="kbverify_failing_build", cpp_sources="", functions=[], extra_include_paths=[include],
+                  verbose=False)
 
 
 class ModelNew(nn.Module):
