@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import zlib
 from dataclasses import dataclass
 
 CLONE_NEWNS = 0x00020000
@@ -90,16 +91,31 @@ def tmpfs_size() -> str:
     return given
 
 
-SANDBOX_UID_BASE = 200000  # one uid per supervisor above this: no file, key or process of anyone else's
+SANDBOX_UID_BASE = 200000  # the jobs' uids lie above this: no file, key or process of anyone else's
+# The variables naming a submission's own build and compiler-cache folders (runner.build_env keys them by its
+# content hash): the only folders outside its scratch that its jobs may write.
+BUILD_FOLDERS = ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
 
-def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = "", scratch: str = "") -> Confinement:
+def sandbox_uid(env: dict) -> int:
+    """The uid a job runs as. Jobs of one submission share its build folders and may run at once (its `original`
+    and `verified` units side by side, a build beside an evaluation): they share one uid, the folders' owner, or
+    the second to start would take the folders from the first and leave it unable to write its own files. Their
+    own pid, IPC and network namespaces and a read-only view of everything else keep them apart otherwise; a
+    job of no submission's folders gets a uid of its supervisor's."""
+    folders = "\0".join(env.get(name, "") for name in BUILD_FOLDERS)
+    key = zlib.crc32(folders.encode()) if folders.strip("\0") else os.getpid()
+    return SANDBOX_UID_BASE + key % 100000
+
+
+def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = "", scratch: str = "",
+          run_as: int | None = None) -> Confinement:
     """In the supervisor, before it forks: new namespaces and the mount view its next child will have. `stage` is
     an empty folder of the parent's on which the private temporary folders are built; `writable` the host folders
     that stay writable (at their own paths); `tmpfs` the size= of each private tmpfs; `scratch` the one of them
     (the job's cwd, HOME and TMPDIR) that becomes a private tmpfs of that size instead of the host's folder, so
-    that what the job writes there cannot fill the host's disk. Returns how far it got; never half-applies a view
-    without saying so."""
+    that what the job writes there cannot fill the host's disk; `run_as` the uid to run as (sandbox_uid). Returns how
+    far it got; never half-applies a view without saying so."""
     if off:
         return Confinement("degraded", f"switched off by {DISABLE_ENV}=off")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
@@ -121,15 +137,15 @@ def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = ""
         return Confinement("degraded", f"mount view failed ({error})", new_pid_namespace=True)
     kinds = "user, " if user else ""
     reason = f"{kinds}pid, mount, ipc and network namespaces; read-only filesystem"
-    sandbox_uid = None
+    job_uid = None
     if not user:
         blocked = _devices_closed_to_others()
         if blocked:
             reason += f"; kept uid 0 ({blocked} is not open to other users)"
         else:
-            sandbox_uid = SANDBOX_UID_BASE + os.getpid() % 100000
+            job_uid = run_as if run_as is not None else SANDBOX_UID_BASE + os.getpid() % 100000
             reason += "; its own uid"
-    return Confinement("isolated", reason, new_pid_namespace=True, writable=tuple(writable), uid=sandbox_uid)
+    return Confinement("isolated", reason, new_pid_namespace=True, writable=tuple(writable), uid=job_uid)
 
 
 def _map_user(uid: int, gid: int) -> None:

@@ -213,14 +213,9 @@ def _lifeline_reader():
     return _LIFELINE[0]
 
 
-# The variables naming a submission's own build and compiler-cache folders (runner.build_env keys them by its
-# content hash): the only folders outside its scratch that its jobs may write.
-BUILD_FOLDERS = ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
-
-
 def _writable_from(env: dict, extra: tuple) -> list[str]:
     """The build folders a job writes (the submission's own, keyed by its content hash) and what the caller names."""
-    paths = [env[key] for key in BUILD_FOLDERS if env.get(key)]
+    paths = [env[key] for key in confine.BUILD_FOLDERS if env.get(key)]
     paths += [str(p) for p in extra]
     for path in paths:
         os.makedirs(path, exist_ok=True)

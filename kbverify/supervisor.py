@@ -41,7 +41,8 @@ def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, 
     for sub in ("home", "tmp"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
     confined = channel.runs_submission(job, payload)
-    confinement = (confine.enter([workdir, *writable], stage, off=confine_off, tmpfs=tmpfs_size, scratch=workdir)
+    confinement = (confine.enter([workdir, *writable], stage, off=confine_off, tmpfs=tmpfs_size, scratch=workdir,
+                                 run_as=confine.sandbox_uid(env))
                    if confined else confine.Confinement("none", "runs no submission code"))
     up_r, up_w = os.pipe()
     down_r, down_w = os.pipe()

@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 
-from kbverify import sandbox
+from kbverify import confine, sandbox
 
 PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
 # A probe that built is believed this long: a rescore of GPU kernels on a CPU host would otherwise build one
@@ -21,7 +21,7 @@ PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
 BUILT_PROBE_TRUSTED_S = 600.0
 _built_at: dict[tuple, float] = {}
 _built_lock = threading.Lock()
-_PER_SUBMISSION = sandbox.BUILD_FOLDERS  # cache folders: they do not change a compiler
+_PER_SUBMISSION = confine.BUILD_FOLDERS  # cache folders: they do not change a compiler
 
 _CPP_PROBE = '''from torch.utils.cpp_extension import load_inline
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -343,3 +344,40 @@ def test_a_script_that_calls_check_unguarded_runs_once(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "status passed" in done.stdout, (done.stdout, done.stderr[-2000:])
     assert done.stdout.count("top level ran") == 1, done.stdout
+
+
+def test_two_jobs_of_one_submission_at_once_can_both_write_its_build_folders(tmp_path):
+    """Jobs of one submission share its build and compiler-cache folders (keyed by its content hash), and two can
+    run at once (its `original` and `verified` units side by side). The second to start must not take those folders
+    from the first: a job that took them to its own uid left the first unable to write its own files (inductor's
+    locks: an honest torch.compile kernel read `runtime_error`)."""
+    from kbverify import confine
+
+    shared, started = tmp_path / "builds", tmp_path / "builds" / "second-started"
+    env = {name: str(shared) for name in confine.BUILD_FOLDERS}
+    first = (f"import os, time\n"
+             f"path = os.path.join({str(shared)!r}, 'own-file')\n"
+             f"with open(path, 'w') as handle:\n    handle.write('a')\n"
+             f"os.chmod(path, 0o644)  # as a lock file is made (filelock sets its mode whatever the umask)\n"
+             f"deadline = time.monotonic() + 20\n"
+             f"while not os.path.exists({str(started)!r}) and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+             f"time.sleep(0.5)\n"
+             f"with open(path, 'a') as handle:\n    handle.write('b')\n")
+    second = f"import os\nwith open({str(started)!r}, 'w') as handle:\n    handle.write(str(os.geteuid()))\n"
+    outcomes = {}
+
+    def run(name: str, source: str) -> None:
+        outcomes[name] = run_child("build", {"submission_source": source, "device": "cpu"}, timeout_s=60.0, env=env)
+
+    earlier = threading.Thread(target=run, args=("first", first))
+    earlier.start()
+    deadline = time.monotonic() + 30
+    while not (shared / "own-file").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run("second", second)  # starts once the first job's file is there
+    earlier.join()
+    assert outcomes["first"].isolation == "isolated" and "its own uid" in outcomes["first"].isolation_reason
+    assert [outcomes[n].result["ok"] for n in ("first", "second")] == [True, True], \
+        [outcomes[n].result.get("error", "")[-500:] for n in ("first", "second")]
+    assert (shared / "own-file").read_text() == "ab"
+    assert int(started.read_text()) >= confine.SANDBOX_UID_BASE  # not root: the folders' owner is an unprivileged uid
