@@ -179,7 +179,7 @@ def _needed_to_read() -> list[str]:
 def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str, scratch: str = "") -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)  # the private temporary folders
-    _open_blocked_ancestors(needed + writable, stage)
+    _open_blocked_ancestors(needed, stage, through=writable)
     roots = _private_roots()
     for index, _ in enumerate(roots):
         os.makedirs(os.path.join(stage, f"root{index}"))
@@ -212,12 +212,14 @@ def _scratch_on_tmpfs(target: str, bound: str) -> None:
         os.makedirs(os.path.join(target, sub), exist_ok=True)
 
 
-def _open_blocked_ancestors(paths: list[str], stage: str) -> None:
+def _open_blocked_ancestors(paths: list[str], stage: str, *, through: list[str] = ()) -> None:
     """A job of its own uid cannot pass a folder closed to others (root's home, 0700, holding a Python or the
     build cache): such a folder is covered by an empty one open to all, and only the entries on the way to
-    what the job needs are bound back in, as they are (read-only once the view is done)."""
+    what the job needs to read are bound back in, as they are (read-only once the view is done). A folder it
+    writes (`through`: its build folders) is bound back by itself, not the branch it lies in: binding back
+    that branch (all of ~/.cache) showed every other submission's builds to the job."""
     blocked: dict[str, set[str]] = {}
-    for path in paths:
+    for path in [*paths, *through]:
         parts = path.strip("/").split("/")
         for depth in range(1, len(parts)):
             ancestor = "/" + "/".join(parts[:depth])
@@ -226,23 +228,24 @@ def _open_blocked_ancestors(paths: list[str], stage: str) -> None:
             except OSError:
                 break
             if closed and not any(ancestor.startswith(b + "/") for b in blocked):
-                blocked.setdefault(ancestor, set()).add(parts[depth])
+                entry = parts[depth] if path in paths else "/".join(parts[depth:])
+                blocked.setdefault(ancestor, set()).add(entry)
                 break
     keep = os.path.join(stage, "kept")
-    for number, (ancestor, children) in enumerate(sorted(blocked.items())):
+    for number, (ancestor, entries) in enumerate(sorted(blocked.items())):
         held = []
-        for child in sorted(children):
-            source = os.path.join(ancestor, child)
+        for index, entry in enumerate(sorted(entries)):  # a whole child before any folder deep inside it
+            source = os.path.join(ancestor, entry)
             if not os.path.isdir(source):
                 continue
-            kept = os.path.join(keep, str(number), child)
+            kept = os.path.join(keep, str(number), str(index))
             os.makedirs(kept)
             _mount(source, kept, None, _MS_BIND | _MS_REC)
-            held.append((child, kept))
+            held.append((entry, kept))
         _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-        for child, kept in held:
-            os.makedirs(os.path.join(ancestor, child))
-            _mount(kept, os.path.join(ancestor, child), None, _MS_BIND | _MS_REC)
+        for entry, kept in held:
+            os.makedirs(os.path.join(ancestor, entry), exist_ok=True)
+            _mount(kept, os.path.join(ancestor, entry), None, _MS_BIND | _MS_REC)
 
 
 def _devices_closed_to_others() -> str:

@@ -80,7 +80,13 @@ def default_build_cache() -> Path:
 
 def build_env(submission: Submission, options: CheckOptions) -> dict:
     """Builds are keyed by the submission's content hash: same-named extensions of two submissions never meet."""
-    root = (options.build_cache or default_build_cache()) / submission.sha256[:20]
+    builds = options.build_cache or default_build_cache()
+    builds.mkdir(parents=True, exist_ok=True)
+    # closed to other users: a job of its own uid is then let through to its own folders alone (confine), where an
+    # open cache showed it every other submission's generated code and compiled kernels
+    if builds.stat().st_mode & 0o077 and builds.stat().st_uid == os.geteuid():
+        builds.chmod(0o700)
+    root = builds / submission.sha256[:20]
     root.mkdir(parents=True, exist_ok=True)
     # inductor's cache too: without it each process of a torch.compile submission compiled it afresh in its own
     # scratch (18 s of a 21 s child on a CPU); kept with the submission's builds, it is only ever its own

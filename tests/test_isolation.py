@@ -397,3 +397,47 @@ def test_a_submission_rejected_before_any_process_ran_it_is_not_called_degraded(
     data = json.loads(subprocess.run(command + ["--json"], env=env, capture_output=True, text=True,
                                      timeout=300).stdout)
     assert data["verdicts"]["verified"]["isolation"] == "not_run"
+
+
+def test_a_job_sees_its_own_build_folders_and_no_other_submissions():
+    """The build cache usually lies in a folder closed to other users (root's home); a job of its own uid is let
+    through to its own build folders only. Binding back the cache's whole branch (all of ~/.cache) let any job
+    list every other submission's builds and read (or load) their generated code and compiled kernels."""
+    from kbverify import confine
+
+    closed = Path(__file__).resolve().parent.parent / ".kbverify-test-cache" / f"closed-{uuid.uuid4().hex[:8]}"
+    mine, theirs = closed / "cache" / "builds" / "mine", closed / "cache" / "builds" / "theirs"
+    (theirs / "torch_extensions").mkdir(parents=True)
+    (theirs / "torch_extensions" / "kernel.cpp").write_text("their code")
+    closed.chmod(0o700)
+    env = {name: str(mine / name.lower()) for name in confine.BUILD_FOLDERS}
+    source = (f"import json, os\nfound = {{}}\n"
+              f"open(os.path.join({env['TORCH_EXTENSIONS_DIR']!r}, 'own'), 'w').write('mine')\n"
+              f"for path in ({str(theirs / 'torch_extensions' / 'kernel.cpp')!r}, {str(closed / 'cache' / 'builds')!r}):\n"
+              f"    try:\n        found[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()\n"
+              f"    except OSError as error:\n        found[path] = error.strerror\n"
+              f"raise RuntimeError('FOUND' + json.dumps(found))\n")
+    try:
+        outcome = _probe(source, env=env)
+        found = _found(outcome)
+        assert found[str(theirs / "torch_extensions" / "kernel.cpp")] != "their code", found
+        assert found[str(closed / "cache" / "builds")] in (["mine"], "No such file or directory"), found
+        assert (Path(env["TORCH_EXTENSIONS_DIR"]) / "own").read_text() == "mine"
+    finally:
+        closed.chmod(0o755)
+        import shutil
+
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+def test_the_build_cache_is_closed_to_other_users(tmp_path):
+    """What keeps each job to its own build folders (the test above) needs the cache closed to others."""
+    from kbverify.runner import CheckOptions, build_env
+    from kbverify.submissions import make_submission
+
+    builds = tmp_path / "builds"
+    builds.mkdir(mode=0o755)
+    builds.chmod(0o755)
+    env = build_env(make_submission("x = 1\n", id="x.py"), CheckOptions(device="cpu", build_cache=builds))
+    assert builds.stat().st_mode & 0o777 == 0o700
+    assert Path(env["TORCH_EXTENSIONS_DIR"]).is_relative_to(builds)
