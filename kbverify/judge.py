@@ -75,6 +75,15 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
     return results
 
 
+def judge_infrastructure(judge_record: dict) -> str | None:
+    """A fault of the machine's in the judge's own process (out of memory comparing an output), in one line; None
+    if there is none. Never a set's status: the caller reports it (exit 3) or evaluates the unit again."""
+    for set_id, entry in sorted((judge_record.get("sets") or {}).items()):
+        if isinstance(entry, dict) and entry.get("infrastructure_error"):
+            return f"the judge could not compare set {set_id}: {entry['infrastructure_error']}"
+    return None
+
+
 def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_record: dict) -> tuple[Status, str]:
     """One set: the candidate's guard evidence `cand` (None: its record has no entry for the set) against the
     judge's record `ref`, under `protocol`. `candidate_record` is the candidate process's whole record."""

@@ -183,9 +183,10 @@ def _count_worker(context: _Context, job: str, wall_s: float | None) -> None:
     context.worker_s[job] = context.worker_s.get(job, 0.0) + float(wall_s or 0.0)
 
 
-def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None) -> ChildOutcome:
+def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None,
+         writable: tuple = ()) -> ChildOutcome:
     outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
-                        env=context.env, keep_dir=context.options.keep_workdirs)
+                        env=context.env, keep_dir=context.options.keep_workdirs, writable=writable)
     _note_child(context, job, outcome)
     return _unclaimed(outcome)
 
@@ -311,13 +312,18 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
         if protocol.timing == "kernelbench":
             with _phase(context, device_share.TIMING):
                 return _time_kernelbench_way(context, verdict)
-        with _phase(context, device_share.TIMING):  # the clean reference measures too
-            measured = _time_isolated(context, verdict, secret)
-        if isinstance(measured, Verdict):  # the timing itself failed: no outputs to check
-            return measured
-        # The check of the timed outputs runs no submission code and times nothing: beside other units' correctness
-        with _phase(context, device_share.CORRECTNESS):
-            measured.record["stale"] = _check_timed_outputs(context, measured.payload, measured.driven)
+        outdir = tempfile.mkdtemp(prefix="kbverify-timed-")  # the chosen timed outputs' copies, this process's
+        try:
+            with _phase(context, device_share.TIMING):  # the clean reference measures too
+                measured = _time_isolated(context, verdict, secret, outdir)
+            if isinstance(measured, Verdict):  # the timing itself failed: no outputs to check
+                return measured
+            # The check of the timed outputs runs no submission code and times nothing: beside other units'
+            # correctness
+            with _phase(context, device_share.CORRECTNESS):
+                measured.record["stale"] = _check_timed_outputs(context, measured.payload, measured.driven, outdir)
+        finally:
+            shutil.rmtree(outdir, ignore_errors=True)
         return _timing_verdict(context, verdict, measured, margin_cache)
     return verdict
 
@@ -350,6 +356,9 @@ def _correctness_isolated(context: _Context, secret: str) -> Verdict:
             status, detail = _died(judged, "reference", context.options.device)
             return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
                                  hidden_shapes=origin)
+        fault = judge.judge_infrastructure(judged.result)
+        if fault is not None:  # the judge's process has no submission code: its word is the machine's state
+            raise InfrastructureError(fault)
         strays = handover_strays(outdir, [s["set_id"] for s in sets], markers)
         if strays:  # the parent's own look at the folder, not the candidate's word
             candidate.result["tampered"] = [*(candidate.result.get("tampered") or []),
@@ -406,7 +415,7 @@ class _Measured:
     clean: dict | None  # the clean reference's record and rounds (None: not measured, or its worker died)
 
 
-def _time_isolated(context: _Context, verdict: Verdict, secret: str) -> "Verdict | _Measured":
+def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str) -> "Verdict | _Measured":
     protocol = context.protocol
     payload = _payload(context, secret=secret, budget_s=protocol.timing_budget_s,
                        norm_rtol=protocol.norm_rtol or protocol.rtol, baseline_allowance=protocol.baseline_allowance,
@@ -415,10 +424,13 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str) -> "Verdict
                        baseline_matmul_tf32=protocol.baseline_matmul_tf32,
                        baseline_cudnn_tf32=protocol.baseline_cudnn_tf32,
                        candidate_grad_enabled=protocol.candidate_grad_enabled,
-                       timed_distributions=input_plan.timed_distributions(verdict.sets, protocol))
+                       timed_distributions=input_plan.timed_distributions(verdict.sets, protocol),
+                       reference_tf32=protocol.reference_tf32, reference_cudnn_tf32=protocol.reference_cudnn_tf32,
+                       baseline_tf32=protocol.rule == "verified", fp64_reference=protocol.rule == "verified",
+                       outdir=outdir)
     _look_at_gpu(context, "before")
     timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
-                            target=protocol.ci_half_width)
+                            target=protocol.ci_half_width, outdir=outdir)
     if timed.died:
         status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
@@ -446,7 +458,8 @@ def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, ma
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
 
 
-def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True):
+def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True,
+            outdir: str | None = None):
     """A timing worker whose rounds this process commands (kbverify.timing_control)."""
     outcome, driven = timing_control.run(job, payload, timeout_s=context.options.timeout_s,
                                          device=context.options.device, env=context.env,
@@ -454,7 +467,7 @@ def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, targ
                                          target_half_width=target, check=check,
                                          distributions=payload.get("timed_distributions") or ("x1",),
                                          hang=context.hang(),
-                                         kinds=_kinds(context))
+                                         kinds=_kinds(context), outdir=outdir if check else None)
     _note_child(context, job, outcome)
     return _unclaimed(outcome), driven
 
@@ -467,11 +480,13 @@ def _kinds(context: _Context) -> tuple:
     return ("device",)
 
 
-def _check_timed_outputs(context: _Context, payload: dict, driven) -> dict:
-    """The revealed timed outputs against the reference, in a worker without submission code."""
+def _check_timed_outputs(context: _Context, payload: dict, driven, outdir: str) -> dict:
+    """The chosen timed outputs' copies against the reference, in a worker without submission code: its record is
+    computed evidence (kbverify.child.timing_check), judged by kbverify.timing_verdict."""
     if not driven.checks:
-        return {"checked": 0, "mismatches": [], "n_mismatches": 0, "wrong_structure": [], "n_wrong_structure": 0}
-    checked = _run(context, "timing_check", {**payload, "submission_source": "", "checks": driven.checks})
+        return {"checked": 0, "calls": []}
+    checked = _run(context, "timing_check", {**payload, "submission_source": "", "checks": driven.checks},
+                   writable=(outdir,))
     if checked.died:
         raise InfrastructureError("the timed outputs could not be checked: the checking worker died "
                                   f"({(checked.output_tail or checked.output_head).strip()[-300:]})")

@@ -7,8 +7,9 @@ wall time are a forgery. The time the parent saw that a side's own times do not 
 call work, the device-side hold, the messages) is the same for both sides of an honest kernel; a candidate whose
 times leave much more unexplained than the reference's (its times shrunk, or the reference's inflated, or its
 host work longer than the hold) is timed by the parent's clock instead, with the warning
-`device_time_unconfirmed`. Which calls are checked against the reference is chosen here after each batch,
-against the worker's commitments (a hash per call), and the check runs in a process without submission code.
+`device_time_unconfirmed`. Which calls are checked against the reference is chosen here after each batch, once the
+worker has copied every output: the worker writes the chosen copies whole into a folder this process owns, and
+the check runs in a process without submission code (kbverify.child.timing_check).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ class Reservoir:
         self.seen += 1
         return len(self.sample) < STALE_CHECKS or self.rng.randrange(self.seen) < STALE_CHECKS
 
-    def keep(self, index: int, entry: dict) -> None:
+    def keep(self, index: int, entry: dict) -> dict | None:
+        """Keep call `index`; returns the member it replaced (its copy is no longer needed), if any."""
+        evicted = None
         if len(self.sample) >= STALE_CHECKS:
-            del self.sample[sorted(self.sample)[self.rng.randrange(len(self.sample))]]
+            evicted = self.sample.pop(sorted(self.sample)[self.rng.randrange(len(self.sample))])
         self.sample[index] = entry
+        return evicted
 
     def keep_recent(self, index: int, entry: dict) -> None:
         self.recent[index] = entry
@@ -69,7 +73,7 @@ class Driven:
     """What the parent recorded of a timing worker's rounds."""
 
     rounds: list = field(default_factory=list)
-    checks: list = field(default_factory=list)  # revealed candidate calls: call, seed, projections, signature
+    checks: list = field(default_factory=list)  # chosen candidate calls: call, seed, distribution, file, signature
     forged: str = ""  # why the worker's replies cannot be true ("" if they can)
     stopped: str = ""  # why the rounds ended early ("" when the stopping rule or the budget ended them)
     serve_s: float = 0.0
@@ -85,13 +89,16 @@ def side_key(side: str, kind: str, suffix: str = "ms") -> str:
 
 
 def drive(child, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
-          max_rounds: int = MAX_ROUNDS, check: bool = True, distributions=("x1",), kinds=KINDS) -> Driven:
+          max_rounds: int = MAX_ROUNDS, check: bool = True, distributions=("x1",), kinds=KINDS,
+          outdir: str | None = None) -> Driven:
     """Command the rounds of one timing worker (`child` a kbverify.sandbox running child). Stops on the stopping
     rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake.
 
     Every round has one batch per side and kind, in an order drawn here; every call of a round draws the round's
     distribution (the correctness sets' own, in turn from a random start), so both sides of a round are timed on
-    like values and no timed call can be told from a checked one by its values."""
+    like values and no timed call can be told from a checked one by its values. `outdir`: the folder the worker
+    writes the chosen calls' copies to (checking needs one)."""
+    check = check and outdir is not None
     rng = random.Random(int.from_bytes(os.urandom(16), "little"))
     driven = Driven()
     if _reply(child, "ready", deadline) is None:
@@ -109,7 +116,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         try:
             for kind, side in batches:
                 _batch(child, side, kind, distribution, rng, entry, calls,
-                       reservoir if check and side == "cand" else None, deadline)
+                       _Checking(reservoir, outdir) if check and side == "cand" else None, deadline)
         except TimingForged as error:
             driven.forged = str(error)
             break
@@ -128,7 +135,8 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
     last = calls.get("last_cand")
     if check and last is not None and not driven.forged:
         try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
-            _reveal(child, last[0], last[1], last[2], reservoir, deadline, everything=True, distribution=last[3])
+            _reveal(child, last[0], last[1], _Checking(reservoir, outdir), deadline, everything=True,
+                    distribution=last[2])
         except (TimingForged, TimeoutError) as error:
             driven.forged = driven.forged or str(error)
     _send(child, {"op": "end"})
@@ -166,7 +174,7 @@ def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: floa
 
 def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
         keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True,
-        distributions=("x1",), hang=None, kinds=KINDS):
+        distributions=("x1",), hang=None, kinds=KINDS, outdir: str | None = None):
     """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
     from kbverify.sandbox import ChildSpec, run_children
 
@@ -174,28 +182,42 @@ def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | N
 
     def converse(child) -> None:
         holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
-                                 deadline=child.started + timeout_s, check=check, distributions=distributions, kinds=kinds)
+                                 deadline=child.started + timeout_s, check=check, distributions=distributions, kinds=kinds,
+                                 outdir=outdir)
 
     outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse,
-                                      hang=hang)])[0]
+                                      hang=hang, writable=(outdir,) if outdir else ())])[0]
     return outcome, holder.get("driven") or Driven(stopped="never driven")
 
 
-def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict, reservoir,
-           deadline: float) -> None:
+@dataclass(frozen=True)
+class _Checking:
+    """The reservoir of checked calls and the folder their copies are written to (this process's own)."""
+
+    reservoir: Reservoir
+    outdir: str
+
+
+def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
+           checking: "_Checking | None", deadline: float) -> None:
     seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
     first = calls[side]
     asked = time.monotonic()
-    _send(child, {"op": "batch", "side": side, "kind": kind})
+    _send(child, {"op": "batch", "side": side, "kind": kind, "check": checking is not None})
     if _reply(child, "prepared", deadline) is None:
         raise TimeoutError(_silence(child, f"the worker stopped answering before the {side} batch"))
-    # This clock holds the batch's draws, its calls and the harness's check of each output, with the collector
+    # This clock holds the batch's draws, its calls and the harness's copy of each output, with the collector
     # off; the seeds come only now, so nothing in the worker knew them off the clock
     # (kbverify.child.timing_rounds._batch).
     sent = time.monotonic()
     _send(child, {"op": "go", "seeds": seeds, "distributions": [distribution] * len(seeds)})
     timed = _reply(child, "timed", deadline)
     wall_ms = (time.monotonic() - sent) * 1e3
+    if timed is not None and checking is not None:
+        # every output of the batch is copied by now: the calls to check are chosen only now, here
+        revealing = time.monotonic()
+        _reveal(child, seeds, first, checking, deadline, distribution=distribution)
+        entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
     reply = _reply(child, "batch", deadline) if timed is not None else None
     if reply is None:
         raise TimeoutError(_silence(child, f"the worker stopped answering during the {side} batch"))
@@ -214,68 +236,49 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
     entry[side_key(side, kind, "wall_ms")] = wall_ms
     if isinstance(reply.get("sm_clock_mhz"), (int, float)):
         entry["sm_clock_mhz"] = reply["sm_clock_mhz"]
-    if reservoir is not None:
-        calls["last_cand"] = (reply, first, seeds, distribution)
-        revealing = time.monotonic()
-        _reveal(child, reply, first, seeds, reservoir, deadline, distribution=distribution)
-        entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
+    if checking is not None:
+        calls["last_cand"] = (seeds, first, distribution)
 
 
-def _reveal(child, reply: dict, first: int, seeds: list, reservoir: Reservoir, deadline: float, *,
-            everything: bool = False, distribution: str = "x1") -> None:
-    """Ask for the batch's calls the reservoir takes (all of them: `everything`) and check each against the
-    commitment the worker made before it knew."""
-    commits = reply.get("commits") if isinstance(reply.get("commits"), dict) else {}
+def _reveal(child, seeds: list, first: int, checking: _Checking, deadline: float, *, everything: bool = False,
+            distribution: str = "x1") -> None:
+    """Ask for the copies of the batch's calls the reservoir takes (all of them: `everything`). What comes back
+    is the candidate process's word; what this process keeps of it is the file's name, which it finds in its own
+    folder (the check reads the file whole, bounded), and the call's seed, which it chose."""
+    reservoir = checking.reservoir
     indices = [first + offset for offset in range(len(seeds))]
     wanted = indices if everything else [index for index in indices if reservoir.offer(index)]
-    if not wanted:
-        return
-    _send(child, {"op": "reveal", "calls": wanted})
+    _send(child, {"op": "reveal", "calls": wanted})  # sent when empty too: the worker waits for it
     revealed = _reply(child, "reveal", deadline)
-    if revealed is None and _stalled(child):
-        raise TimeoutError(_silence(child, "the worker stopped answering while revealing its outputs"))
-    shown = (revealed or {}).get("calls") if isinstance((revealed or {}).get("calls"), dict) else {}
+    if revealed is None:
+        raise TimeoutError(_silence(child, "the worker stopped answering while handing over its outputs"))
+    shown = revealed.get("calls") if isinstance(revealed.get("calls"), dict) else {}
     for index in wanted:
-        entry = shown.get(str(index))
-        if not isinstance(entry, dict) or commitment(entry) != commits.get(str(index)):
-            raise TimingForged(f"timed call {index}'s output was not the one the worker committed to")
-        if not _well_formed(entry):
-            raise TimingForged(f"timed call {index}'s revealed projections are not ones the harness sends")
-        kept = {"seed": seeds[index - first], "distribution": distribution, "projections": entry.get("projections"),
-                "signature": entry.get("signature")}
-        (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
+        kept = {"seed": seeds[index - first], "distribution": distribution, **_copy_entry(shown.get(str(index)),
+                                                                                         index, checking.outdir)}
+        evicted = (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
+        if isinstance(evicted, dict) and evicted.get("file"):
+            _remove(os.path.join(checking.outdir, evicted["file"]))
 
 
-def _well_formed(entry: dict) -> bool:
-    """What timing_check reads must be what the harness writes: a list of base64 float64 vectors (or None)."""
-    import base64
-    import binascii
-
-    projections = entry.get("projections")
-    if not isinstance(projections, list) or not isinstance(entry.get("signature"), list):
-        return False
-    for projection in projections:
-        if projection is None:
-            continue
-        if not isinstance(projection, str):
-            return False
-        try:
-            raw = base64.b64decode(projection, validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        if not raw or len(raw) % 8:
-            return False
-    return True
+def _copy_entry(shown, index: int, outdir: str) -> dict:
+    """What the check is given of one chosen call: its copy's file and signature; or why there is none, as the
+    worker's own fault (`missing`) or the machine's (`infrastructure_error`, never charged to the kernel; only
+    out of memory and a failed write are, and the parent sees the folder)."""
+    name = f"timed-{index}.pt"
+    if isinstance(shown, dict) and isinstance(shown.get("infrastructure_error"), str):
+        return {"infrastructure_error": shown["infrastructure_error"][:300]}
+    if (not isinstance(shown, dict) or shown.get("file") != name or not isinstance(shown.get("signature"), list)
+            or not os.path.isfile(os.path.join(outdir, name))):
+        return {"missing": "the worker handed over no copy of this call's output"}
+    return {"file": name, "signature": shown["signature"]}
 
 
-def commitment(entry: dict) -> str:
-    """A call's hash: its projections (base64 of their raw float64 bytes) and its output's signature."""
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(entry.get("signature"), sort_keys=True).encode())
-    for projection in entry.get("projections") or []:
-        digest.update(b"|" + (projection.encode() if isinstance(projection, str) else b"none"))
-    return digest.hexdigest()
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _send(child, command: dict) -> None:

@@ -11,6 +11,7 @@ from kbverify import stats, timing_control, timing_modes
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict
 from kbverify.status import Status, Warn
+from kbverify.timed_outputs import judge_timed_outputs
 
 EXCESSIVE_SPEEDUP = 10.0
 IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
@@ -20,10 +21,6 @@ REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes f
 CPU_REFERENCE_SLOWDOWN_TOLERANCE = 1.5
 UNSYNC_GAP_FRACTION = 0.2
 UNSYNC_GAP_MIN_MS = 0.02
-# Timed outputs checked against the reference: over GROSS_FACTOR x the limit on one call is a wrong output; a
-# smaller excess on more than MARGINAL_FRACTION of the checked calls is a timed path that computes differently.
-GROSS_FACTOR = 3.0
-MARGINAL_FRACTION = 0.1  # a tighter share lets a timed path that downgrades precision on a few calls gain little
 HOST_TIMED_FRACTION = 0.1
 HOST_JITTER_MS = 0.05
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
@@ -53,7 +50,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     status, message = verdict.status, verdict.message
     if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
         status, message, extra = _timing_guards(record, clean, on_gpu, clocks["device"].ref_ms,
-                                                clocks["device"].cand_ms)
+                                                clocks["device"].cand_ms, protocol)
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
@@ -280,7 +277,7 @@ def _refusal(record: dict) -> str:
 
 
 def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
-                   cand_ms: float) -> tuple[Status, str, list[str]]:
+                   cand_ms: float, protocol: Protocol) -> tuple[Status, str, list[str]]:
     warnings: list[str] = []
     if record.get("refused"):
         return Status.EXPLOIT_TAMPER, _refusal(record), warnings
@@ -291,24 +288,10 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if slowing or record.get("torch_functions_changed"):
         what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
         return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
-    stale = record.get("stale") or {}
-    if stale.get("n_wrong_structure"):
-        return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_wrong_structure']} timed outputs differ from the reference's "
-                f"in type, shape or dtype (first: call {stale['wrong_structure'][0]})", warnings)
-    if not stale.get("checked"):
-        return Status.EXPLOIT_STALE_OUTPUT, "no timed output could be checked against the reference", warnings
-    if stale.get("n_mismatches"):
-        gross = [m for m in stale["mismatches"] if _grossly_wrong(m)]
-        # a record may count more mismatches than it lists (the list is capped); the unlisted ones count as
-        # gross: nothing is known about them
-        unlisted = stale["n_mismatches"] - len(stale["mismatches"])
-        if gross or unlisted > 0 or stale["n_mismatches"] > MARGINAL_FRACTION * stale["checked"]:
-            first = (gross or stale["mismatches"])[0]
-            return (Status.EXPLOIT_STALE_OUTPUT, f"{stale['n_mismatches']} of {stale['checked']} checked timed "
-                    f"outputs are wrong for their inputs ({_mismatch_text(first)})", warnings)
-        # A few outputs just over the limit, the rest within it: the numerical tail of a kernel that is judged
-        # correct on its input sets, not a timed path that differs (that fails most calls, or fails grossly).
-        warnings.append(Warn.TIMED_OUTPUTS_NEAR_TOLERANCE.value)
+    stale = judge_timed_outputs(record.get("stale") or {}, protocol)
+    if stale.status is not None:
+        return stale.status, stale.message, warnings
+    warnings += stale.warnings
     if record.get("n_unsettled"):
         return (Status.EXPLOIT_UNSYNCHRONIZED, f"{record['n_unsettled']} timed outputs changed after the call had "
                 "returned (work still running when the end event was recorded)", warnings)
@@ -360,25 +343,6 @@ def _host_overhead(record: dict, ref_ms: float) -> bool:
     if not isinstance(ref_host, (int, float)) or not isinstance(cand_host, (int, float)):
         return False
     return cand_host - ref_host > max(ref_ms, HOST_JITTER_MS, 0.5 * ref_host)
-
-
-def _grossly_wrong(mismatch: dict) -> bool:
-    error, limit = mismatch.get("relative_error"), mismatch.get("limit")
-    if not isinstance(error, (int, float)) or not isinstance(limit, (int, float)) or not math.isfinite(error):
-        return True
-    projection = mismatch.get("projection_error")
-    return error > GROSS_FACTOR * limit or (isinstance(projection, (int, float))
-                                             and projection > GROSS_FACTOR * 3 * limit)
-
-
-def _mismatch_text(mismatch: dict) -> str:
-    error = mismatch.get("relative_error")
-    if not isinstance(error, (int, float)):
-        return f"call {mismatch['call']}: {mismatch.get('why', '?')}"
-    if not math.isfinite(error):
-        return (f"call {mismatch['call']}: non-finite values; a returned tensor that is kept and not recomputed "
-                "reads NaN, which the harness writes into every floating output tensor after checking it")
-    return f"call {mismatch['call']}: norm-wise error {error:.3g}, limit {mismatch.get('limit', 0):.3g}"
 
 
 def _median(values: list[float]) -> float:

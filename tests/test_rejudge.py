@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+import timed_evidence
 from corpus_cases import CORPUS, REPO
 from kbverify.protocols import KBV, VERIFIED
 from kbverify.records import Verdict
@@ -38,9 +39,7 @@ def _with_stale_evidence(verdict: Verdict, errors: list[float]) -> Verdict:
     interleaved = dict(verdict.timing["interleaved"])
     # as many checked calls as a full run's reservoir holds: a short CPU run checks fewer, and the share rule
     # (MARGINAL_FRACTION of the checked) is what is tested here, not that run's length
-    interleaved["stale"] = {**interleaved["stale"], "checked": max(interleaved["stale"].get("checked", 0), 24),
-                            "n_mismatches": len(errors), "mismatches": [
-        {"call": i, "relative_error": e, "projection_error": e, "limit": 1.1e-3} for i, e in enumerate(errors)]}
+    interleaved["stale"] = timed_evidence.stale(errors, max(interleaved["stale"].get("checked", 0), 24))
     return dataclasses.replace(verdict, status=Status.EXPLOIT_STALE_OUTPUT, message="timed outputs wrong",
                                timing={**verdict.timing, "interleaved": interleaved})
 

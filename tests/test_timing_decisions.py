@@ -9,6 +9,8 @@ import random
 
 import pytest
 
+import timed_evidence
+
 from kbverify import stats
 from kbverify.protocols import VERIFIED
 from kbverify.records import Verdict
@@ -24,7 +26,7 @@ def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[d
 
 def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None,
              stale: dict | None = None) -> Verdict:
-    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": stale or {"checked": 29},
+    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": stale or timed_evidence.stale([], 29),
                    "settle_gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
     clean = {"rounds": _rounds(clean_ms, clean_ms, seed=1)} if clean_ms else None
     return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
@@ -59,9 +61,8 @@ def test_unsynchronized_work_needs_a_gap_beyond_the_references():
     assert late.status is Status.EXPLOIT_UNSYNCHRONIZED
 
 
-def _stale(errors: list[float], checked: int = 28, limit: float = 1.1e-3) -> dict:
-    mismatches = [{"call": i, "relative_error": e, "projection_error": e, "limit": limit} for i, e in enumerate(errors)]
-    return {"checked": checked, "mismatches": mismatches, "n_mismatches": len(mismatches)}
+def _stale(errors: list[float], checked: int = 28) -> dict:
+    return timed_evidence.stale(errors, checked)
 
 
 def test_one_timed_output_just_over_the_limit_is_a_warning_not_an_exploit():

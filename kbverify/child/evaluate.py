@@ -365,8 +365,19 @@ def judge_job(payload: dict) -> dict:
 
 def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_baseline, want_fp64,
                nudge_seed: int | None = None) -> dict:
-    call_seed = derive_seed(str(input_set["seed"]), "call")
-    inputs = set_inputs(namespace, input_set, device)
+    set_id = input_set["set_id"]
+    return judge_call(model, set_inputs(namespace, input_set, device), derive_seed(str(input_set["seed"]), "call"),
+                      device, exact_flags, want_baseline, want_fp64,
+                      lambda reference: take_output(outdir, set_id, device, handover_limit(reference)),
+                      nudge_seed, phase=f"judge:compare:{set_id}")
+
+
+def judge_call(model, inputs, call_seed: int, device, exact_flags, want_baseline, want_fp64, take,
+               nudge_seed: int | None = None, *, phase: str) -> dict:
+    """One call judged: the reference (exact flags), its float64 truth, the TF32 baseline, and the candidate's
+    outputs (`take(reference)`, read under the reference's bound) summarised against each. The one comparison
+    the correctness sets and the timed-output check share (kbverify.child.timing_check); the parent applies the
+    protocol's rule to it (kbverify.correctness.judge_set)."""
     pristine = clone_inputs(inputs)
     set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
     reference, draws_random = _reference_call(model, inputs, call_seed, device)
@@ -397,9 +408,9 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
         set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
         del baseline
     # the set's reference work is done: the parent reads the reference's pace from these phases (kbverify.hang)
-    announce(f"judge:compare:{input_set['set_id']}")
+    announce(phase)
     try:
-        candidate = take_output(outdir, input_set["set_id"], device, handover_limit(reference))
+        candidate = take(reference)
         if candidate is not None:
             entry["comparison"] = summarize(reference, candidate)
             if truth is not None:
@@ -408,6 +419,10 @@ def _judge_set(model, namespace, input_set, device, outdir, exact_flags, want_ba
                     spreads = moved_spreads(model, pristine, call_seed, truth, nudge_seed)
                     if spreads is not None:
                         entry["moved_vs_fp64"] = summarize_within_moved(truth, candidate, spreads)
+    except torch.OutOfMemoryError as error:
+        # this process's own memory, spent on the comparison of an output read under the reference's bound: the
+        # machine's failure (a unit beside it, say), never the kernel's (kbverify.judge.judge_infrastructure)
+        entry["infrastructure_error"] = "out of memory comparing the candidate's output: " + short_error(error)
     except Exception as error:  # noqa: BLE001 - the candidate's output, not the reference, is at fault here
         entry["candidate_output_error"] = short_error(error)
     return entry

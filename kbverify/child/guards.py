@@ -105,22 +105,33 @@ _PROCESS_STATE = {
     "torch.nn.modules.module global hooks": _global_module_hooks,
     "sys.getswitchinterval": sys.getswitchinterval,  # how long a spinning thread may hold the GIL
     "aten kernels": _aten_kernels,
-    "signals and timers": lambda: signal_state(),
+    "timers": lambda: timer_state(),
 }
 
 
 def signal_state() -> str:
     """What can interrupt the harness from outside the submission's own calls: the signals this process catches
-    as the kernel sees them (Python's handlers and a native library's alike), its interval timers that are armed,
-    and its POSIX timers. A handler run by a timer inside the reference's batch pads the reference's share of
-    the parent's clock, which the candidate's shrunk times are measured against (a red team's 2.8x for a 1x
-    matmul); checked before every batch (kbverify.child.timing_rounds) and at the end."""
-    caught = ""
+    (`signal_handlers`) and its armed timers (`timer_state`)."""
+    return f"{signal_handlers()}, {timer_state()}"
+
+
+def signal_handlers() -> str:
+    """The signals this process catches as the kernel sees them (Python's handlers and a native library's alike).
+    Compared before every batch with the state after the warm-up, not before the submission loaded: a
+    library's first launch may install handlers of its own (Triton's compile, a driver), and a handler alone
+    runs only when something signals (corpus: matmul_shrinks_times_pads_reference_harness_by_signal_timer)."""
     try:
         with open("/proc/self/status") as status:
-            caught = next((line.split()[1] for line in status if line.startswith("SigCgt:")), "")
+            return "caught " + next((line.split()[1] for line in status if line.startswith("SigCgt:")), "?")
     except OSError:
-        pass
+        return "caught ?"
+
+
+def timer_state() -> str:
+    """The interval timers that are armed and the POSIX timers that exist. A timer's handler run inside the
+    reference's batch pads the reference's share of the parent's clock (corpus:
+    matmul_shrinks_times_pads_reference_harness_by_signal_timer); compared before every batch and at the end
+    with the state before the submission loaded."""
     armed = tuple(signal.getitimer(which) != (0.0, 0.0)
                   for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF))
     try:
@@ -128,7 +139,7 @@ def signal_state() -> str:
             posix = sum(line.startswith("ID:") for line in timers)
     except OSError:
         posix = 0
-    return f"caught {caught or '?'}, interval timers armed {armed}, POSIX timers {posix}"
+    return f"interval timers armed {armed}, POSIX timers {posix}"
 
 
 def _parts(obj) -> tuple:

@@ -13,6 +13,7 @@ import time
 import torch
 
 from kbverify.child import guards
+from kbverify.child.timing_sides import snapshot
 from kbverify.child.worker import set_seed
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed
@@ -108,10 +109,9 @@ class Cover:
 KINDS = ("device", "host")
 
 
-def _timed_call(side, draw, device, flush, projector, before_call=None, cover=None, kind: str = "device"):
-    """One call: flush, events around the call, projection stream-ordered after it, then a device sync.
-    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, flattened outputs, early
-    projection).
+def _timed_call(side, draw, device, flush, before_call=None, cover=None, kind: str = "device"):
+    """One call: flush, events around the call, a copy of its outputs stream-ordered after it, then a device sync.
+    `draw()` makes the call's (seed, inputs); returns (elapsed ms, seed, inputs, flattened outputs, the copy).
 
     Every call starts from an idle device. In the `device` kind the stream is then held by a device-side wait
     (`cover`) long enough for the host to draw the inputs, enqueue the flush and launch the whole call behind it,
@@ -154,12 +154,12 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
             mark = host_started = side.spent("host_kind_sync", mark)
         with torch.set_grad_enabled(side.grad):
             if device.type == "cuda":
-                elapsed, flat, early = _on_the_device(side, inputs, device, projector, held, mark, host_started)
+                elapsed, flat, early = _on_the_device(side, inputs, device, held, mark, host_started)
             else:
                 started = time.perf_counter_ns()
                 flat = flatten_outputs(side.model(*inputs))
                 elapsed = (time.perf_counter_ns() - started) / 1e6
-                early = projector(flat)
+                early = snapshot(flat)
                 side.spent("run_and_project", mark)
     finally:
         _restore_gc(collecting)
@@ -170,8 +170,8 @@ def _timed_call(side, draw, device, flush, projector, before_call=None, cover=No
     return max(elapsed, EVENT_FLOOR_MS), seed, inputs, list(flat), early
 
 
-def _on_the_device(side, inputs, device, projector, held, mark: int, host_started: int):
-    """The events around the call, the early projection stream-ordered after it, then a device-wide synchronise.
+def _on_the_device(side, inputs, device, held, mark: int, host_started: int):
+    """The events around the call, the copy of its outputs stream-ordered after it, then a device-wide synchronise.
     With a hold: how long the host took to get the call launched (what the hold has to cover)."""
     start, end, projecting, projected, after_sync = (torch.cuda.Event(enable_timing=True) for _ in range(5))
     start.record()
@@ -182,7 +182,7 @@ def _on_the_device(side, inputs, device, projector, held, mark: int, host_starte
     end.record()
     if held is None:
         # Host kind: the harness's work after the call waits for the call's own work first, for both sides. A
-        # forward that returns before its kernels end would otherwise have that work (launching the projections)
+        # forward that returns before its kernels end would otherwise have that work (copying the outputs)
         # done while the device still computes, and one that waits for them (a synchronise, an `.item()`) after:
         # on an H100 a blocked side's batches left 0.06 ms a call more of the parent's clock unexplained, and
         # its honest times went unconfirmed (the net wall read a 2x kernel 0.87x).
@@ -198,14 +198,14 @@ def _on_the_device(side, inputs, device, projector, held, mark: int, host_starte
         side.uncovered += held.observe(host_ms)
         if held.probing:
             side.probe.append([held.length_ms, host_ms])
-    early = projector(flat)
+    early = snapshot(flat)
     projected.record()
     torch.cuda.synchronize(device)
     after_sync.record()
     after_sync.synchronize()
     side.spent("run_and_project", mark)
     if held is not None:
-        # the device's time after the end event, less the projection's own kernels and launches (the host kind
+        # the device's time after the end event, less the copy's own kernels and launches (the host kind
         # has no hold to launch behind, so its gaps hold the host's own latency and are not compared)
         side.settle_gaps_ms.append(end.elapsed_time(projecting) + projected.elapsed_time(after_sync))
     return start.elapsed_time(end), flat, early

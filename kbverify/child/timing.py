@@ -3,9 +3,10 @@
 Interleaved method: rounds in which the reference and the candidate each make a few calls, in a random order per
 round. Every call gets a new input draw made outside the timed pair (sometimes copied into the previous call's
 tensors, which defeats pointer-keyed caches), the L2 is flushed before it, and the CUDA events sit stream-ordered
-right around it. Guards ride along: a secret random projection of each output taken stream-ordered right after the
-call and again after a device-wide synchronise; a second end event after that synchronise; thread counts; the
-baseline's flags and torch functions re-checked before every reference call.
+right around it. Guards ride along: a copy of each output taken stream-ordered right after the call, compared with
+the output after a device-wide synchronise and, for the calls the parent chooses after each batch, judged whole in a
+process without submission code; a second end event after that synchronise; thread counts; the baseline's flags and
+torch functions re-checked before every reference call.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from kbverify.child.extensions import ExtensionWatch
 from kbverify.child.precision import assert_baseline_flags, set_tf32, tf32_state
 from kbverify.child.timed_call import _SLEEP, Cover, flush_buffer
 from kbverify.child.timing_record import finish_record
-from kbverify.child.timing_rounds import SmClock, _serve_batches, _warm_up
-from kbverify.child.timing_sides import Projector, make_sides, output_signature
+from kbverify.child.timing_rounds import HarnessChanged, SmClock, _serve_batches, _warm_up
+from kbverify.child.timing_sides import make_sides, output_signature
 from kbverify.child.worker import announce, compile_untrusted, device_from, set_seed, short_error, task_from
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
@@ -80,12 +81,11 @@ def timing_job(payload: dict) -> dict:
     record["torch_functions_changed"] = guards.torch_namespace_changes(before.torch_functions)
 
     sides = make_sides(reference, candidate, namespace, device, secret, payload)
-    projector = Projector(secret, device)
     flush = flush_buffer(device)
     cover = _device_hold(device, record["warnings"])
     reassert, flag_changes = _reasserter(before.flags)
-    _measure(record, payload, sides, device, flush, projector, reassert, cover, reference, namespace,
-             signals=before.sensitive.get("state:signals and timers"))
+    _measure(record, payload, sides, device, flush, reassert, cover, reference, namespace,
+             timers=before.sensitive.get("state:timers"))
     return finish_record(record, sides, cover, before, flag_changes, watch, reference, namespace, device)
 
 
@@ -128,23 +128,29 @@ def _reasserter(flags: dict):
     return reassert, flag_changes
 
 
-def _measure(record: dict, payload: dict, sides: dict, device, flush, projector, reassert, cover, reference,
-             namespace: dict, signals=None) -> None:
+def _measure(record: dict, payload: dict, sides: dict, device, flush, reassert, cover, reference,
+             namespace: dict, timers=None) -> None:
     """The warm-up, then the parent's rounds; a failure is recorded with the side whose phase it happened in."""
     announce("timing:warmup")
     try:
-        _warm_up(sides, device, flush, projector, reassert, cover, seconds=float(payload.get("warmup_s", 0.2)))
+        _warm_up(sides, device, flush, reassert, cover, seconds=float(payload.get("warmup_s", 0.2)))
         if cover is not None:
             cover.settle()
         # Everything built so far (torch, the models, the warm-up's objects) out of the collector's reach: a full
         # collection over it between calls stalls the host for milliseconds, both sides alike, but the rounds are
         # what the time budget buys.
         sm_clock = SmClock(device)
+        # the warm-up ran each side's first calls (a JIT's compile, a library's first launch): handlers installed
+        # by then are the machinery's; one installed during the rounds is tamper (guards.signal_handlers)
+        signals = (guards.signal_handlers(), timers) if timers is not None else None
         gc.collect()
         gc.freeze()
         announce("timing:rounds")
-        record["timing_s"] = _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock,
+        record["timing_s"] = _serve_batches(sides, device, flush, reassert, cover, sm_clock, payload.get("outdir"),
                                              lead_call=bool(payload.get("host_lead_call", True)), signals=signals)
+        if signals is not None and guards.signal_handlers() != signals[0]:
+            raise HarnessChanged(f"a signal handler was set during the timed rounds ({guards.signal_handlers()}; "
+                                 f"after the warm-up: {signals[0]})")
         record["signature"] = _reference_signature(reference, namespace, device)
     except BaseException as error:  # noqa: BLE001 - who raised decides whose failure it is
         record["error"] = short_error(error)
@@ -161,9 +167,6 @@ def _last_phase_is_reference() -> bool:
 
     phase = worker.last_phase()
     return bool(phase) and not phase.startswith("candidate")
-
-
-STALE_SAMPLING_FACTOR = 1.1  # a 4096-element sample estimates a norm to about 1%: a small margin is enough
 
 
 def reference_timing_job(payload: dict) -> dict:

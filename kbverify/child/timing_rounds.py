@@ -13,18 +13,19 @@ import torch
 
 from kbverify.child import guards
 from kbverify.child.timed_call import KINDS, _timed_call
-from kbverify.child.timing_sides import Projector, Side, output_signature, poison
+from kbverify.child.timing_sides import Side, changed_since, output_signature, poison
 from kbverify.child.worker import announce, synchronize
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
 
-def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *, lead_call: bool = True,
-                   signals=None) -> float:
+def _serve_batches(sides, device, flush, reassert, cover, sm_clock, outdir: str | None = None, *,
+                   lead_call: bool = True, signals=None) -> float:
     """The parent's rounds (kbverify.timing_control), one side's batch at a time: it names the side, then starts
-    its clock and sends each call's input seed, and reads the times back at once, bounded by that clock. Each
-    call's output projections are committed to (a hash per call) before the parent says which calls it checks,
-    so they cannot be redone afterwards. `signals`: the process's signal state before the submission loaded
-    (guards.signal_state). Returns the seconds spent serving."""
+    its clock and sends each call's input seed, and reads the times back at once, bounded by that clock. A copy of
+    each candidate output is kept until the parent, after the batch, names the calls it checks; those copies go
+    whole to `outdir` for a process without submission code to judge. `signals`: (the signal handlers after the
+    warm-up, the timers before the submission loaded), as guards.signal_handlers and guards.timer_state read
+    them. Returns the seconds spent serving."""
     from kbverify.child import worker
 
     worker.send({"kind": "reply", "op": "ready"})
@@ -35,40 +36,51 @@ def _serve_batches(sides, device, flush, projector, reassert, cover, sm_clock, *
         command = worker.receive_command()
         if command is None or command.get("op") == "end":
             return time.monotonic() - started
-        if command.get("op") == "reveal":
-            side = sides["cand"]
-            chosen = {str(i): side.batch[i] for i in command.get("calls", []) if i in side.batch}
-            worker.send({"kind": "reply", "op": "reveal", "calls": chosen})
+        if command.get("op") == "reveal":  # the last batch's calls, at the end of the rounds
+            worker.send({"kind": "reply", "op": "reveal", "calls": _revealed(sides["cand"], command, outdir)})
         elif command.get("op") == "batch":
             name = "ref" if command.get("side") == "ref" else "cand"
             sides[name].batch = {}
             _check_sides(sides, models, signals)
-            _check_harness(projector, flush)
+            _check_harness(flush)
             if guards.python_thread_count() > threads:
                 # A thread that outlives the call that started it can run inside the reference's batch: one holding
-                # the GIL there padded the reference's share of the parent's clock (a red team's 2.7x for a 1x matmul)
+                # the GIL there padded the reference's share of the parent's clock (corpus:
+                # matmul_shrinks_times_pads_reference_harness_by_gil_thread)
                 raise HarnessChanged(f"Python threads were started during the timed rounds "
                                      f"({guards.python_thread_count()} running, {threads} after the warm-up)")
             kind = command.get("kind") if command.get("kind") in KINDS else "device"
-            times = _batch(sides[name], name, kind, device, flush, projector, reassert, cover, lead_call)
+            checked = outdir if name == "cand" and command.get("check") else None
+            times = _batch(sides[name], name, kind, device, flush, reassert, cover, lead_call, checked)
             if times is None:
                 return time.monotonic() - started
             side = sides[name]
-            commits = {str(index): commitment(entry) for index, entry in side.batch.items()}
             worker.send({"kind": "reply", "op": "batch", "side": name, "batch_kind": kind, "times_ms": times,
-                         "commits": commits, "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
+                         "first_call": len(side.calls) - len(times), "sm_clock_mhz": sm_clock()})
 
 
-def _batch(side, name: str, kind: str, device, flush, projector, reassert, cover, lead_call: bool) -> list | None:
-    """One side's batch: its calls' times, or None if the parent's `go` never came.
+def _revealed(side, command: dict, outdir: str | None) -> dict:
+    calls = [i for i in command.get("calls", []) if isinstance(i, int) and not isinstance(i, bool)]
+    if outdir is None:
+        return {str(i): {"infrastructure_error": "the worker was given no hand-over folder"} for i in calls}
+    return side.reveal(calls, outdir)
+
+
+def _batch(side, name: str, kind: str, device, flush, reassert, cover, lead_call: bool,
+           outdir: str | None = None) -> list | None:
+    """One side's batch: its calls' times, or None if the parent's `go` (or its choice of checked calls) never came.
 
     The seeds come with `go`, after the parent's clock has started: no code of the candidate's that runs before
     it (a lead call's forward, a finalizer freed with the last batch's store) can know the inputs and compute
-    the outputs off the clock (a red team's 3x from a finalizer that read the seeds from the batch command). The
+    the outputs off the clock (corpus: matmul_precomputes_outputs_before_go_by_batch_store_finalizer). The
     draws are then harness work on the clock, the same for both sides. The collector stays off from before the
-    clock starts until after it stops (a gc callback run in the reference's batch padded its share of that clock:
-    a candidate 17x "faster"), and nothing that existed before the batch is freed inside it (the previous
-    inputs go after `timed`): a finalizer on a reference tensor freed there padded it the same way (2.4x)."""
+    clock starts until after it stops (corpus: matmul_shrinks_times_pads_reference_harness_by_gc_callback), and nothing that
+    existed before the batch is freed inside it (the previous inputs go after `timed`): a finalizer on a
+    reference tensor freed there would pad its share of the clock (corpus:
+    matmul_shrinks_times_pads_reference_harness_by_input_finalizer). With `outdir` (a candidate batch the
+    parent checks), the parent names the calls it checks after `timed`, and their copies are written before
+    the collector runs again or anything of the batch is freed: no finalizer of the candidate's runs between
+    the copy and the hand-over."""
     from kbverify.child import worker
 
     announce("timing:reference" if name == "ref" else "candidate:timing")
@@ -84,8 +96,13 @@ def _batch(side, name: str, kind: str, device, flush, projector, reassert, cover
         seeds = go.get("seeds", [])
         distributions = go.get("distributions") or ["x1"] * len(seeds)
         staged = [side.inputs_for(int(seed), str(d)) for seed, d in zip(seeds, distributions)]
-        times = _calls(side, staged, device, flush, projector, reassert if name == "ref" else None, cover, kind)
+        times = _calls(side, staged, device, flush, reassert if name == "ref" else None, cover, kind)
         worker.send({"kind": "reply", "op": "timed", "times_ms": times})
+        if outdir is not None:
+            chosen = worker.receive_command()
+            if chosen is None or chosen.get("op") != "reveal":
+                return None
+            worker.send({"kind": "reply", "op": "reveal", "calls": _revealed(side, chosen, outdir)})
     finally:
         if collecting:
             gc.enable()
@@ -94,7 +111,7 @@ def _batch(side, name: str, kind: str, device, flush, projector, reassert, cover
     return times
 
 
-def _calls(side, staged, device, flush, projector, before_call, cover, kind: str) -> list:
+def _calls(side, staged, device, flush, before_call, cover, kind: str) -> list:
     """A batch's timed calls on inputs drawn before the parent's clock started. After every call, before the next
     can touch its inputs (an output may legally be a view of them), its output is checked after a device-wide
     synchronise (work deferred past the call shows up here) and poisoned: nothing of the reference's answer is
@@ -109,13 +126,13 @@ def _calls(side, staged, device, flush, projector, before_call, cover, kind: str
     times, pending = [], []
     for seed, inputs in staged:
         elapsed, seed, placed, out, early = _timed_call(
-            side, lambda seed=seed, inputs=inputs: (seed, inputs), device, flush, projector, before_call, cover, kind)
+            side, lambda seed=seed, inputs=inputs: (seed, inputs), device, flush, before_call, cover, kind)
         del placed
         times.append(elapsed)
         side.calls.append({"seed": seed})
         pending.append((len(side.calls) - 1, out, early))
         mark = time.perf_counter_ns()
-        _settle(pending, projector, side, device)
+        _settle(pending, side, device)
         mark = side.spent("settle", mark)
         poison(out, side.own_storages)
         side.spent("poison", mark)
@@ -150,7 +167,7 @@ def _check_sides(sides: dict, models: dict, signals=None) -> None:
     """Before every batch: the sides are the harness's as it built them. Their objects are locals of the batch loop,
     which the tamper snapshot of module globals does not see, and a forward that walks its frames can reach
     them: a reference swapped for a slower one, a method shadowed on the instance (a draw that waits), a batch
-    store that rewrites what is committed. In-process, so it raises the bar rather than closing the way."""
+    store that rewrites what is kept. In-process, so it raises the bar rather than closing the way."""
     if set(sides) != {"ref", "cand"} or type(sides) is not dict:
         raise HarnessChanged("the timing sides were replaced")
     for name, side in sides.items():
@@ -159,36 +176,24 @@ def _check_sides(sides: dict, models: dict, signals=None) -> None:
         shadowed = [key for key in vars(side) if callable(getattr(Side, key, None))]
         if shadowed:
             raise HarnessChanged(f"the {name} side's {shadowed[0]} was replaced on the instance")
-    if signals is not None and guards.signal_state() != signals:
-        raise HarnessChanged(f"a signal handler or timer was set ({guards.signal_state()}; before the submission: "
-                             f"{signals})")
+    if signals is not None:
+        handlers, timers = signals
+        if guards.timer_state() != timers:
+            raise HarnessChanged(f"a timer was set ({guards.timer_state()}; before the submission: {timers})")
+        if guards.signal_handlers() != handlers:
+            raise HarnessChanged(f"a signal handler was set during the timed rounds ({guards.signal_handlers()}; "
+                                 f"after the warm-up: {handlers})")
 
 
-def _check_harness(projector, flush) -> None:
-    """Before every batch: the projector and the flush buffer, which both sides' calls use, are the harness's as
-    it built them. A tensor subclass's __torch_function__ put in a projection plan ran inside the settling after
-    every reference call, padding the reference's share of the parent's clock (a red team's 2.5x for a 1x
-    matmul). In-process, so it raises the bar rather than closing the way."""
-    if type(projector) is not Projector or type(projector.plans) is not dict:
-        raise HarnessChanged("the output projector or its plans were replaced")
-    if any(callable(getattr(Projector, key, None)) for key in vars(projector)):
-        raise HarnessChanged("a method of the output projector was replaced on the instance")
-    for plan in projector.plans.values():
-        if type(plan) is not tuple or any(type(part) is not torch.Tensor for part in plan):
-            raise HarnessChanged("an output projection plan was replaced")
+def _check_harness(flush) -> None:
+    """Before every batch: the flush buffer, which both sides' calls use, is the harness's as it built it: a
+    tensor subclass's __torch_function__ put there would run inside the reference's calls, padding its share of
+    the parent's clock. In-process, so it raises the bar rather than closing the way."""
     if flush is not None and type(flush) is not torch.Tensor:
         raise HarnessChanged("the cache flush buffer was replaced")
 
 
-def commitment(entry: dict) -> str:
-    """What a call's projections and output signature hash to (kbverify.timing_control checks a revealed call
-    against it: the same function, there)."""
-    from kbverify.timing_control import commitment as same
-
-    return same(entry)
-
-
-def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float) -> None:
+def _warm_up(sides, device, flush, reassert, cover, *, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     calls = 0
     while calls < (4 if cover is not None else 3) or time.monotonic() < deadline:
@@ -198,7 +203,7 @@ def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float
             announce("timing:reference-warmup" if name == "ref" else "candidate:warmup")
             seed = derive_seed(side.secret, name, "warmup", calls)
             _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)), device,
-                        flush, projector, reassert if name == "ref" else None, cover)
+                        flush, reassert if name == "ref" else None, cover)
             side.released.clear()
         calls += 1
         if calls >= 50:
@@ -211,32 +216,19 @@ def _warm_up(sides, device, flush, projector, reassert, cover, *, seconds: float
         side.previous_inputs = None
 
 
-def _settle(pending: list, projector, side: Side, device) -> None:
+def _settle(pending: list, side: Side, device) -> None:
+    """After a device-wide synchronise: each output against its copy made at the end event (a difference is work
+    that outlived the call), and the copy kept for the parent's choice of checked calls (the candidate's only)."""
     synchronize(device)
     for call_index, out, early in pending:
         flat = flatten_outputs(out)
-        late = projector(flat)
         call = side.calls[call_index]
         call["signature"] = signature = output_signature(flat)
-        both = _to_host([*early, *late])
-        early, late = both[: len(early)], both[len(early):]
-        changed = any((a is None) != (b is None) or (a is not None and not torch.equal(a, b)
-                                                     and not bool(torch.isnan(a).any() and torch.isnan(b).any()))
-                      for a, b in zip(early, late))
-        if changed:
+        if changed_since(early, flat):
             call["unsettled"] = True
-        side.keep(call_index, late, signature)
+        if side.name == "cand":
+            side.keep(call_index, early, signature)
     pending.clear()
-
-
-def _to_host(vectors: list) -> list:
-    """Projection vectors (or None) to the host in one transfer: a copy and a compare per output each waited on
-    the device, and this runs after every call on both sides."""
-    present = [v for v in vectors if v is not None]
-    if not present:
-        return list(vectors)
-    pieces = iter(torch.cat([v.reshape(-1) for v in present]).cpu().split([v.numel() for v in present]))
-    return [None if v is None else next(pieces) for v in vectors]
 
 
 class SmClock:

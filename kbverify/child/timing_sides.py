@@ -1,9 +1,9 @@
 """The two sides of the timing worker, and what every timed call's inputs and outputs go through.
 
 A `Side` is one model (the reference or the candidate) with its bookkeeping: the seeds and distributions the parent
-chose, each call's inputs placed in fresh (or refilled) tensors after the hold, the projections its outputs are
-committed to, and its share of the harness's host time. `Projector` takes secret random projections of each output;
-`poison` fills an output with NaN once it has been checked, so nothing of one side's answer is left for the other.
+chose, each call's inputs placed in fresh (or refilled) tensors after the hold, a copy of each output taken at its
+end event (`snapshot`), and its share of the harness's host time. `poison` fills an output with NaN once it has been
+copied, so nothing of one side's answer is left for the other.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Side:
         self.uncovered = 0  # calls whose host work outlasted the hold (their launch overhead was timed)
         self.phase_ns: dict[str, int] = {}  # host wall time per phase of the harness's work, summed over calls
         self.modes_left: set[str] = set()  # torch modes a call entered and did not leave
-        self.batch: dict[int, dict] = {}  # this batch's calls: index → projections and output signature
+        self.batch: dict[int, dict] = {}  # this batch's calls: index → output copies and signature
         # Only the reference's own weights are spared the poison: a candidate returning a tensor it keeps (a
         # registered buffer included) must recompute it every call, and its `parameters()` is its own to fake.
         self.own_storages = own_storages(model) if name == "ref" and isinstance(model, torch.nn.Module) else frozenset()
@@ -59,11 +59,32 @@ class Side:
         self.phase_ns[phase] = self.phase_ns.get(phase, 0) + now - since_ns
         return now
 
-    def keep(self, call_index: int, projections: list, signature: list) -> None:
-        """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control):
-        the projections' raw bytes, so what is revealed hashes exactly as what was committed to."""
-        self.batch[call_index] = {"projections": [None if p is None else _raw(p) for p in projections],
-                                  "signature": json.loads(json.dumps(signature))}
+    def keep(self, call_index: int, copies: list, signature: list) -> None:
+        """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control), at
+        the batch's end, before anything of the batch is freed."""
+        self.batch[call_index] = {"copies": copies, "signature": json.loads(json.dumps(signature))}
+
+    def reveal(self, indices: list, outdir: str) -> dict:
+        """The chosen calls' copies, written whole to the parent's hand-over folder for the check: index → the
+        file's name and the output's signature, or why the copy could not be written (a fault of the machine's
+        such as a full disk, which the parent never charges to the kernel)."""
+        shown = {}
+        for index in indices:
+            entry = self.batch.get(index) if type(self.batch) is dict else None
+            if not isinstance(entry, dict):
+                shown[str(index)] = {"error": "no copy of this call"}
+                continue
+            name = f"timed-{int(index)}.pt"
+            try:
+                _write(os.path.join(outdir, name), entry["copies"])
+            except torch.OutOfMemoryError as error:
+                shown[str(index)] = {"infrastructure_error": f"out of memory copying the output ({error})"[:300]}
+                continue
+            except OSError as error:
+                shown[str(index)] = {"infrastructure_error": f"could not write the output's copy: {error}"[:300]}
+                continue
+            shown[str(index)] = {"file": name, "signature": entry["signature"]}
+        return shown
 
     def inputs_for(self, seed: int, distribution: str = "x1") -> tuple[int, list]:
         """The parent chose the seed and the distribution and sends them with the batch: nothing in this process
@@ -157,53 +178,35 @@ def _layout(value):
     return ("value",)
 
 
-class Projector:
-    """Secret random projections of a secret sample of each output's elements.
+def snapshot(outputs: list) -> list:
+    """A copy of every plain tensor output (None for anything else), enqueued right after the call's end event.
 
-    Four projections estimate the norm-wise error of a timed output against the reference's on the same inputs
-    (mean square of the differences ≈ ‖c − r‖² over the sample), without keeping outputs around; the kernel cannot
-    know which elements are looked at, so a partial or stale result is caught unless nearly all of it is right.
-    """
-
-    COUNT = 4
-    SAMPLE = 1 << 20
-
-    def __init__(self, secret: str, device):
-        self.secret, self.device, self.plans = secret, device, {}
-
-    def _plan(self, index: int, out: torch.Tensor):
-        key = (index, tuple(out.shape))
-        if key not in self.plans:
-            generator = torch.Generator(device=self.device).manual_seed(derive_seed(self.secret, "proj", key))
-            numel = out.numel()
-            count = min(numel, self.SAMPLE)
-            positions = (torch.randperm(numel, generator=generator, device=self.device)[:count] if numel <= 4 * count
-                         else torch.randint(0, numel, (count,), generator=generator, device=self.device))
-            weights = torch.randn((self.COUNT, count), generator=generator, device=self.device, dtype=torch.float64)
-            self.plans[key] = (positions, weights)
-        return self.plans[key]
-
-    EXACT = 4096  # elements kept as they are, for an exact norm-wise error on checked calls
-
-    def __call__(self, outputs: list) -> list:
-        values = []
-        for index, out in enumerate(outputs):
-            if type(out) is not torch.Tensor or out.numel() == 0:  # a subclass's __torch_function__ never runs
-                values.append(None)
-                continue
-            positions, weights = self._plan(index, out)
-            # take() reads the sampled elements in place, whatever the strides: the projection costs the same for
-            # a non-contiguous output as for a contiguous one (reshape would copy the whole output first)
-            sample = out.detach().take(positions).double()
-            values.append(torch.cat([weights @ sample, torch.linalg.vector_norm(sample).reshape(1),
-                                     sample[: self.EXACT]]))
-        return values
+    The copy is what the timed-output check judges, whole (SPEC §4, stale outputs): which calls are checked is
+    chosen by the parent after the batch, and the comparison runs in a process without submission code, so
+    nothing in this process says which calls or elements will be looked at (corpus:
+    matmul_computes_only_what_it_can_find_of_the_check). Compared with the output after a device-wide
+    synchronise, it also shows work that outlived the call (`unsettled`)."""
+    return [out.detach().clone() if type(out) is torch.Tensor else None for out in outputs]
 
 
-def _raw(vector: torch.Tensor) -> str:
-    import base64
+def changed_since(copies: list, outputs: list) -> bool:
+    """Whether an output differs from its copy made at the end event (NaN where both hold NaN is no change)."""
+    for copy, out in zip(copies, outputs):
+        if copy is None:
+            continue
+        if type(out) is not torch.Tensor or out.shape != copy.shape:
+            return True
+        with torch.no_grad():
+            same = (copy == out) | (torch.isnan(copy) & torch.isnan(out)) if copy.is_floating_point() else copy == out
+            if not bool(same.all()):
+                return True
+    return False
 
-    return base64.b64encode(vector.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()).decode()
+
+def _write(path: str, copies: list) -> None:
+    tmp = path + ".tmp"
+    torch.save([None if c is None else c.detach().cpu() for c in copies], tmp)
+    os.replace(tmp, path)
 
 
 def poison(output, spared: frozenset = frozenset()) -> None:
