@@ -1,0 +1,116 @@
+"""The GPU corpus and the bundled GPU tasks as one command: every GPU call starts with it, so the GPU path never
+drifts unseen.
+
+    python3 scripts/gpu_corpus.py [--limit-s 300] [--out gpu_corpus.jsonl] [--only PATTERN] [--device cuda:0]
+
+Cases: `tests/gpu_corpus/{honest,exploits,faults}` (headers as in tests/corpus), then each task of `tasks/gpu` with
+its own `Model` as the submission (it must pass both protocols). Native submissions are built first, in parallel.
+Prints one table row per case and protocol as it finishes (case, expected, got, speedup and interval, seconds),
+appends each verdict to `--out` as a JSON line, and stops at its own time limit with what it finished: a case is
+started only while the time left covers the slowest case so far. Exit 0 when every finished row matched its
+header, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from corpus_cases import Case, read_case  # noqa: E402
+from kbverify.importers import Entry  # noqa: E402
+from kbverify.protocols import ORIGINAL, VERIFIED  # noqa: E402
+from kbverify.rescore import prebuild  # noqa: E402
+from kbverify.runner import CheckOptions, check  # noqa: E402
+from kbverify.static import scan  # noqa: E402
+from kbverify.submissions import load_submission, make_submission  # noqa: E402
+from kbverify.tasks import load_task  # noqa: E402
+
+PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=1.0)}
+
+
+def _cases(only: str) -> list[tuple[str, Case | None, Path, object]]:
+    """(id, header or None for a task's own Model, task path, submission)."""
+    out = []
+    for folder in ("honest", "exploits", "faults"):
+        for path in sorted((REPO / "tests" / "gpu_corpus" / folder).glob("*.py")):
+            case = read_case(path)
+            out.append((case.id, case, case.task, load_submission(path)))
+    for path in sorted((REPO / "tasks" / "gpu").rglob("*.py")):
+        source = path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n"
+        out.append((f"task/{path.stem}", None, path, make_submission(source, id=f"{path.stem}_own_model.py")))
+    return [item for item in out if only in item[0]]
+
+
+def _expected(case: Case | None, protocol: str) -> list[str]:
+    return case.expect[protocol].split("|") if case is not None else ["passed"]
+
+
+def _row(case_id: str, protocol: str, expected: list[str], verdict, seconds: float) -> dict:
+    return {"case": case_id, "protocol": protocol, "expected": "|".join(expected), "status": verdict.status.value,
+            "ok": verdict.status.value in expected, "speedup": verdict.speedup,
+            "speedup_ci": list(verdict.speedup_ci) if verdict.speedup_ci else None,
+            "warnings": list(verdict.warnings), "message": verdict.message[:300], "seconds": round(seconds, 1),
+            "clock": (verdict.timing or {}).get("clock_used"), "mode": (verdict.timing or {}).get("mode")}
+
+
+def _print(row: dict) -> None:
+    speed = "" if row["speedup"] is None else f"{row['speedup']:.3f}x"
+    if row["speedup_ci"]:
+        speed += f" [{row['speedup_ci'][0]:.3f}, {row['speedup_ci'][1]:.3f}]"
+    mark = "ok " if row["ok"] else "BAD"
+    print(f"{mark} {row['case'][:58]:58} {row['protocol']:8} {row['expected'][:30]:30} {row['status']:24} "
+          f"{speed:28} {row['seconds']:6.1f}s", flush=True)
+    if not row["ok"]:
+        print(f"    {row['message'][:200]}  warnings: {','.join(row['warnings'])}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit-s", type=float, default=300.0)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--device", default="cuda:0")
+    args = parser.parse_args()
+    started = time.monotonic()
+    options = CheckOptions(device=args.device, timeout_s=300.0)
+    cases = _cases(args.only)
+    native = [(cid, task, sub) for cid, case, task, sub in cases
+              if scan(sub.source).native_sources and "faults/" not in cid]  # a hang's build forward would spin
+    built = prebuild([Entry(entry_id=cid, task=load_task(task), submission=sub, level=None, problem_id=None, sample=0,
+                            claimed_speedup=None, unverifiable=None, reference_origin="tasks_dir",
+                            modified_reference=None) for cid, task, sub in native],
+                     options, workers=min(len(native), os.cpu_count() or 1)) if native else {}
+    print(f"built {sum(1 for b in built.values() if b.get('ok'))} of {len(native)} native submissions in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    rows, slowest = [], 0.0
+    for case_id, case, task_path, submission in cases:
+        left = args.limit_s - (time.monotonic() - started)
+        if left < slowest:
+            print(f"stopped at the time limit: {len(rows)} rows, {left:.0f} s left, slowest case {slowest:.0f} s")
+            break
+        case_started = time.monotonic()
+        for name, protocol in PROTOCOLS.items():
+            one = time.monotonic()
+            verdict = check(load_task(task_path), submission, protocol, options)
+            row = _row(case_id, name, _expected(case, name), verdict, time.monotonic() - one)
+            rows.append(row)
+            _print(row)
+            if args.out:
+                with args.out.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+        slowest = max(slowest, time.monotonic() - case_started)
+    bad = [r for r in rows if not r["ok"]]
+    print(f"{len(rows) - len(bad)} of {len(rows)} rows as expected; {len(bad)} not; "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
