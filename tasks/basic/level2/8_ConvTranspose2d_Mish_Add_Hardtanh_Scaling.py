@@ -1,0 +1,46 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    """
+    A transposed convolution, then Mish, an added constant, Hardtanh (clamp to [-1, 1]) and a scale. Many outputs
+    sit on the clamp's bounds, where an honest fused kernel and the reference agree exactly or differ by one
+    rounding on either side of the bound.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, output_padding, add_value, scale):
+        super(Model, self).__init__()
+        self.conv_transpose = nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride, padding,
+                                                 output_padding)
+        self.add_value = add_value
+        self.scale = scale
+
+    def forward(self, x):
+        x = self.conv_transpose(x)
+        x = F.mish(x)
+        x = x + self.add_value
+        x = F.hardtanh(x, min_val=-1, max_val=1)
+        x = x * self.scale
+        return x
+
+
+batch_size = 8
+in_channels = 16
+out_channels = 32
+height = width = 16
+kernel_size = 4
+stride = 2
+padding = 1
+output_padding = 1
+add_value = 0.5
+scale = 2
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, stride, padding, output_padding, add_value, scale]
