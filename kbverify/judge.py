@@ -229,9 +229,10 @@ def decide_sets(sets: list[SetResult], protocol: Protocol, *, fp16_suspect: bool
 
 
 def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, build: BuildRecord,
-                    protocol: Protocol) -> Decision:
-    """An isolated protocol's correctness verdict: the candidate process's record, then its sets. A
-    COMPILE_ERROR here is the candidate's load error, which the runner may still find to be the machine's."""
+                    protocol: Protocol, observed: dict | None = None) -> Decision:
+    """An isolated protocol's correctness verdict: what the parent observed (`observed`: the hand-over folder's
+    strays, its own listing), the candidate process's record (claimed), then its sets. A COMPILE_ERROR here is the
+    candidate's load error, which the runner may still find to be the machine's."""
     warnings = code_path_warnings(static, build)
     warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
     if candidate.get("quietly_refused"):
@@ -241,9 +242,10 @@ def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, 
                         tuple(warnings))
     if candidate.get("load_error"):
         return Decision(Status.COMPILE_ERROR, candidate["load_error"], tuple(warnings))
-    if protocol.guards and candidate.get("tampered"):
-        return Decision(Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(candidate["tampered"][:6]),
-                        tuple(warnings))
+    strays = (observed or {}).get("handover_strays") or []
+    tampered = [*(candidate.get("tampered") or []), *(["hand-over folder: " + ", ".join(strays[:6])] if strays else [])]
+    if protocol.guards and tampered:
+        return Decision(Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(tampered[:6]), tuple(warnings))
     if candidate.get("threads_started", 0) > 0:
         warnings.append(Warn.THREADS_STARTED.value)
     decided = decide_sets(sets, protocol, fp16_suspect="half_precision" in static.suspicious)

@@ -321,10 +321,10 @@ def _check_isolated(context: _Context, margin_cache) -> Verdict:
             # The check of the timed outputs runs no submission code and times nothing: beside other units'
             # correctness
             with _phase(context, device_share.CORRECTNESS):
-                measured.record["stale"] = _check_timed_outputs(context, measured.payload, measured.driven, outdir)
+                timed_outputs = _check_timed_outputs(context, measured.payload, measured.driven, outdir)
         finally:
             shutil.rmtree(outdir, ignore_errors=True)
-        return _timing_verdict(context, verdict, measured, margin_cache)
+        return _timing_verdict(context, verdict, measured, margin_cache, timed_outputs)
     return verdict
 
 
@@ -359,15 +359,13 @@ def _correctness_isolated(context: _Context, secret: str) -> Verdict:
         fault = judge.judge_infrastructure(judged.result)
         if fault is not None:  # the judge's process has no submission code: its word is the machine's state
             raise InfrastructureError(fault)
-        strays = handover_strays(outdir, [s["set_id"] for s in sets], markers)
-        if strays:  # the parent's own look at the folder, not the candidate's word
-            candidate.result["tampered"] = [*(candidate.result.get("tampered") or []),
-                                            "hand-over folder: " + ", ".join(strays[:6])]
+        # the parent's own look at the folder, not the candidate's word: a record of its own
+        observed = {"handover_strays": handover_strays(outdir, [s["set_id"] for s in sets], markers)}
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
     set_results = judge.merge_set_records(plan, candidate.result, judged.result, protocol)
     build = judge.build_record(context.static, candidate.result.get("extensions"))
-    decided = judge.decide_isolated(set_results, candidate.result, context.static, build, protocol)
+    decided = judge.decide_isolated(set_results, candidate.result, context.static, build, protocol, observed)
     if decided.status is Status.COMPILE_ERROR:  # its load error: the machine's, if a probe build fails too
         build = _confirm_machine_failure(context, build)
     return _base_verdict(context, decided.status, message=decided.message, build=build, warnings=decided.warnings,
@@ -451,9 +449,14 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str
     return _Measured(payload, record, driven, clean)
 
 
-def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache) -> Verdict:
+def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache,
+                    timed_outputs: dict) -> Verdict:
+    """The timing record keeps each origin apart: `interleaved` is the candidate's timing worker's record with the
+    rounds this process drove; `timed_outputs` is the clean check's (computed); `clean_reference` the clean
+    reference's rounds."""
     margin = _noise_margin(context, measured.clean, margin_cache)
-    timing = {"interleaved": measured.record, "clean_reference": measured.clean, "noise_margin": margin,
+    timing = {"interleaved": measured.record, "timed_outputs": timed_outputs,
+              "clean_reference": measured.clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
 

@@ -49,7 +49,9 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     warnings = list(verdict.warnings)
     status, message = verdict.status, verdict.message
     if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
-        status, message, extra = _timing_guards(record, clean, on_gpu, clocks["device"].ref_ms,
+        # the clean check's record; stores made before it was kept apart have it inside the worker's record
+        timed_outputs = verdict.timing.get("timed_outputs") or record.get("stale") or {}
+        status, message, extra = _timing_guards(record, timed_outputs, on_gpu, clocks["device"].ref_ms,
                                                 clocks["device"].cand_ms, protocol)
         warnings += extra
         if status is Status.PASSED:
@@ -276,7 +278,7 @@ def _refusal(record: dict) -> str:
     return "while timed, tried what a worker refuses: " + ", ".join(record["refused"])
 
 
-def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float,
+def _timing_guards(record: dict, timed_outputs: dict, on_gpu: bool, ref_ms: float,
                    cand_ms: float, protocol: Protocol) -> tuple[Status, str, list[str]]:
     warnings: list[str] = []
     if record.get("refused"):
@@ -288,7 +290,7 @@ def _timing_guards(record: dict, clean: dict | None, on_gpu: bool, ref_ms: float
     if slowing or record.get("torch_functions_changed"):
         what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
         return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
-    stale = judge_timed_outputs(record.get("stale") or {}, protocol)
+    stale = judge_timed_outputs(timed_outputs, protocol)
     if stale.status is not None:
         return stale.status, stale.message, warnings
     warnings += stale.warnings

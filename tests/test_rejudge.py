@@ -36,12 +36,11 @@ def test_a_verdict_decided_by_its_sets_follows_the_new_rules():
 
 
 def _with_stale_evidence(verdict: Verdict, errors: list[float]) -> Verdict:
-    interleaved = dict(verdict.timing["interleaved"])
     # as many checked calls as a full run's reservoir holds: a short CPU run checks fewer, and the share rule
     # (MARGINAL_FRACTION of the checked) is what is tested here, not that run's length
-    interleaved["stale"] = timed_evidence.stale(errors, max(interleaved["stale"].get("checked", 0), 24))
+    timed_outputs = timed_evidence.stale(errors, max(verdict.timing["timed_outputs"].get("checked", 0), 24))
     return dataclasses.replace(verdict, status=Status.EXPLOIT_STALE_OUTPUT, message="timed outputs wrong",
-                               timing={**verdict.timing, "interleaved": interleaved})
+                               timing={**verdict.timing, "timed_outputs": timed_outputs})
 
 
 @pytest.mark.slow

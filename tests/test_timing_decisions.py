@@ -26,12 +26,13 @@ def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[d
 
 def _verdict(ref_beside_ms: float, clean_ms: float | None, cand_ms: float, gaps: dict | None = None,
              stale: dict | None = None) -> Verdict:
-    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms), "stale": stale or timed_evidence.stale([], 29),
+    interleaved = {"rounds": _rounds(ref_beside_ms, cand_ms),
                    "settle_gaps_ms": gaps or {"ref": [0.01] * 30, "cand": [0.01] * 30}}
     clean = {"rounds": _rounds(clean_ms, clean_ms, seed=1)} if clean_ms else None
     return Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="0",
                    protocol="verified", protocol_sha256="0", status=Status.PASSED,
-                   timing={"interleaved": interleaved, "clean_reference": clean, "noise_margin": 0.02,
+                   timing={"interleaved": interleaved, "timed_outputs": stale or timed_evidence.stale([], 29),
+                           "clean_reference": clean, "noise_margin": 0.02,
                            "device": "cuda:0"})
 
 
