@@ -5,7 +5,9 @@ Linux namespaces, entered by the worker's supervisor before it forks the process
   the parent, the judge or any other worker, and every process it starts dies with the namespace's init;
 - mount: every mount read-only, `/tmp` and `/dev/shm` private and empty, `/proc` showing the namespace alone;
   writable only the folders the parent names (the worker's scratch, the submission's own build root, the
-  hand-over folder of its outputs);
+  hand-over folder of its outputs). What the interpreter reads that lies under a private folder (a venv or a
+  checkout under /tmp) is bound back read-only at its own path, and the folders the job writes are made there,
+  whatever the parent's TMPDIR; a view that cannot be built runs no job (the command exits 3, naming the path);
 - IPC and network: no System V objects or abstract sockets shared with anyone, no network;
 - user (where kbverify does not run as root): what lets an unprivileged user create the others.
 After that the job drops every capability and sets no_new_privs, so it can neither undo the mounts nor gain
@@ -14,6 +16,7 @@ privileges through an exec. Nothing here is imported by the parent for any reaso
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -37,6 +40,7 @@ DISABLE_ENV = "KBVERIFY_SANDBOX"  # "off": run submission code unconfined, and e
 TMPFS_SIZE_ENV = "KBVERIFY_TMPFS_SIZE"
 TMPFS_DEFAULT_CAP = 2 << 30  # the default: this, or an eighth of the machine's memory where that is less
 TMPFS_INODES = 262144  # each file costs kernel memory that `size` does not count
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 _TMPFS_SIZE = re.compile(r"^(?:[1-9]\d*[kmgKMG]?|[1-9]\d?%)$")
 
 _libc = None
@@ -63,11 +67,12 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 @dataclass(frozen=True)
 class Confinement:
-    isolation: str  # "isolated" or "degraded"
+    isolation: str  # "isolated", "degraded" or "failed" (see `failed`)
     reason: str = ""  # why degraded, or which namespaces were entered
     new_pid_namespace: bool = False
     writable: tuple = ()  # the host folders the job may write (given to its own uid before it runs)
     uid: int | None = None  # the unprivileged uid the job runs as (None: it keeps this process's)
+    failed: str = ""  # the view could not be built: one line naming the path and what to do; no job may run
 
 
 def switched_off() -> bool:
@@ -114,8 +119,12 @@ def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = ""
     an empty folder of the parent's on which the private temporary folders are built; `writable` the host folders
     that stay writable (at their own paths); `tmpfs` the size= of each private tmpfs; `scratch` the one of them
     (the job's cwd, HOME and TMPDIR) that becomes a private tmpfs of that size instead of the host's folder, so
-    that what the job writes there cannot fill the host's disk; `run_as` the uid to run as (sandbox_uid). Returns how
-    far it got; never half-applies a view without saying so."""
+    that what the job writes there cannot fill the host's disk; `run_as` the uid to run as (sandbox_uid).
+
+    Returns how far it got: "isolated"; "degraded" where the machine allows no namespaces (or the sandbox is
+    switched off); "failed" where the namespaces exist but the view could not be built, with `failed` a line naming
+    the path and what to do: the supervisor then runs no job and the command exits 3 (a half-built view must never
+    produce a verdict: an honest kernel read `crashed`, with the submission unconfined)."""
     if off:
         return Confinement("degraded", f"switched off by {DISABLE_ENV}=off")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
@@ -128,13 +137,17 @@ def enter(writable: list[str], stage: str, *, off: bool = False, tmpfs: str = ""
     writable = sorted({os.path.realpath(p) for p in writable}, key=len)
     try:
         if user:
-            _map_user(uid, gid)
-        _private_view(writable, stage, needed=[] if user else _needed_to_read(),
+            with _step("cannot map this user into its own namespace (/proc/self/uid_map)", _ALLOW_NAMESPACES):
+                _map_user(uid, gid)
+        _private_view(writable, stage, needed=_needed_to_read(), open_blocked=not user,
                       bound=f"size={tmpfs or tmpfs_size()},nr_inodes={TMPFS_INODES}",
                       scratch=os.path.realpath(scratch) if scratch else "")
-    except OSError as error:
-        # The namespaces exist but the view could not be built: nothing confines the job, so say so.
-        return Confinement("degraded", f"mount view failed ({error})", new_pid_namespace=True)
+    except Unbuilt as error:
+        # The namespaces exist but the view is not (or only half) built: no job may run in it.
+        return Confinement("failed", str(error), new_pid_namespace=True, failed=str(error))
+    except Exception as error:  # noqa: BLE001 - a bug of ours is as fatal as a mount that failed
+        reason = f"building it failed ({type(error).__name__}: {error}); {_SWITCH_OFF}".replace("\n", " ")
+        return Confinement("failed", reason, new_pid_namespace=True, failed=reason)
     kinds = "user, " if user else ""
     reason = f"{kinds}pid, mount, ipc and network namespaces; read-only filesystem"
     job_uid = None
@@ -157,51 +170,168 @@ def _map_user(uid: int, gid: int) -> None:
         handle.write(f"0 {gid} 1")
 
 
+_SWITCH_OFF = f"or set {DISABLE_ENV}=off to run submissions unconfined (every verdict then says isolation: degraded)"
+_ALLOW_NAMESPACES = ("run kbverify as root, or allow unprivileged user namespaces and mounts in them (sysctl "
+                     "user.max_user_namespaces; on Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0)")
+
+
+class Unbuilt(Exception):
+    """The job's view could not be built. Its text is one line: what failed, on which path, and what to do."""
+
+
+@contextlib.contextmanager
+def _step(what: str, todo: str):
+    try:
+        yield
+    except OSError as error:
+        cause = os.strerror(error.errno) if error.errno else str(error)
+        raise Unbuilt(f"{what}: {cause}; {todo}, {_SWITCH_OFF}".replace("\n", " ")) from None
+
+
 def _private_roots() -> list[str]:
     """Folders every job gets empty and its own: the shared temporary folders (the parent's own among them, which
-    hold the worker server's socket) and /dev/shm."""
+    hold the worker server's socket). One that lies below another (TMPDIR=/tmp/ci/tmp, as CI runners, pytest and
+    `mktemp -d` give) is no root of its own: it is made inside the private copy of the one above it. As a root of
+    its own it was mounted after that copy had hidden it, the mount failed, and the job ran in a half-built view."""
     import tempfile
 
-    roots = {PRIVATE_TMP, "/var/tmp", os.path.realpath(tempfile.gettempdir())}
-    return sorted((r for r in roots if os.path.isdir(r)), key=len)
+    roots = {os.path.realpath(r) for r in (PRIVATE_TMP, "/var/tmp", tempfile.gettempdir())}
+    roots = {r for r in roots if r != "/" and os.path.isdir(r)}
+    return sorted((r for r in roots if not any(r.startswith(other + "/") for other in roots)), key=len)
+
+
+def _root_of(path: str, roots: list[str]) -> str | None:
+    """The private root that `path` lies strictly below, if any."""
+    return next((root for root in roots if path.startswith(root + "/")), None)
 
 
 def _needed_to_read() -> list[str]:
-    """What the job reads to run at all: the interpreter, its libraries, this package."""
+    """What the job reads to run at all, wherever it lies: the interpreter and its prefixes (a venv's and the
+    Python it was made from), site-packages, every sys.path entry, this package and the folder it was found in,
+    the CUDA toolkit a build uses. Each as given and as its real path (a venv's python links into another prefix)."""
+    import site
     import sys
 
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return sorted(os.path.realpath(p) for p in paths)
+    package = os.path.dirname(os.path.abspath(__file__))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, getattr(sys, "base_exec_prefix", sys.exec_prefix),
+             os.path.dirname(os.path.abspath(sys.executable)), os.path.dirname(os.path.realpath(sys.executable)),
+             package, os.path.dirname(package), os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", "")}
+    try:
+        paths.update(site.getsitepackages())
+        paths.add(site.getusersitepackages())
+    except (AttributeError, TypeError):  # an embedded or frozen interpreter's site module
+        pass
+    paths.update(p for p in sys.path if isinstance(p, str))
+    found = set()
+    for path in paths:
+        if path and os.path.isabs(path) and os.path.exists(path):
+            found.update((os.path.normpath(path), os.path.realpath(path)))
+    return sorted(found)
 
 
-def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str, scratch: str = "") -> None:
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)  # the private temporary folders
-    _open_blocked_ancestors(needed, stage, through=writable)
+def _private_view(writable: list[str], stage: str, *, needed: list[str], bound: str, scratch: str = "",
+                  open_blocked: bool = False) -> None:
+    """Build the job's view (see the module's docstring); raises Unbuilt naming the path where it could not.
+    `open_blocked`: the job will run as a uid of its own, which must be let through folders closed to others."""
+    stage = os.path.realpath(stage)
+    with _step("the job's namespace cannot make its mounts its own (/)", _ALLOW_NAMESPACES):
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    with _step(f"cannot mount the job's private temporary folders on {stage}",
+               "give TMPDIR an existing folder on a local filesystem"):
+        _mount("tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755," + bound)  # the private temporary folders
     roots = _private_roots()
-    for index, _ in enumerate(roots):
-        os.makedirs(os.path.join(stage, f"root{index}"))
-        os.chmod(os.path.join(stage, f"root{index}"), 0o1777)  # as a temporary folder is: anyone's, sticky
+    copies = {root: os.path.join(stage, f"root{index}") for index, root in enumerate(roots)}
+
+    def in_view(path: str) -> str:  # where a host path is made in the view being built
+        root = next((r for r in reversed(roots) if path == r or path.startswith(r + "/")), None)
+        return path if root is None else copies[root] + path[len(root):]
+
+    if open_blocked:
+        _open_blocked_ancestors(sorted({os.path.realpath(p) for p in needed if _root_of(p, roots) is None}),
+                                os.path.join(stage, "kept"),
+                                through=[w for w in writable if _root_of(w, roots) is None and w not in roots])
+    for copy in copies.values():
+        os.makedirs(copy)
+        os.chmod(copy, 0o1777)  # as a temporary folder is: anyone's, sticky
+    bound_back = _bind_back(needed, roots, copies)
+    if open_blocked:  # the same inside the private copies: a closed folder within what was bound back
+        _open_blocked_ancestors([in_view(p) for p in bound_back], os.path.join(stage, "kept-private"),
+                                through=[in_view(w) for w in writable if _root_of(w, roots) is not None],
+                                below=tuple(copies.values()))
     binds = []
     for path in writable:
-        root = next((r for r in reversed(roots) if path == r or path.startswith(r + "/")), None)
-        target = path if root is None else os.path.join(stage, f"root{roots.index(root)}") + path[len(root):]
-        os.makedirs(target, exist_ok=True)
-        if path == scratch:
-            _scratch_on_tmpfs(target, bound)
-        else:
-            _mount(path, target, None, _MS_BIND | _MS_REC)
-            # what a job writes there must not become a way up: no setuid files, no device nodes
-            _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV)
+        target = in_view(path)
+        with _step(f"cannot bind the job's writable folder {path} into its view",
+                   "check that it is a folder on a local filesystem"):
+            _make_dirs(target)
+            if path == scratch:
+                _scratch_on_tmpfs(target, bound)
+            else:
+                _mount(path, target, None, _MS_BIND | _MS_REC)
+                # what a job writes there must not become a way up: no setuid files, no device nodes
+                _mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV)
         binds.append(target)
     _read_only_everything([stage, *binds])
     # the root that holds the stage goes last: once covered, the stage is out of reach by its path
-    for index, root in sorted(enumerate(roots), key=lambda item: stage.startswith(item[1] + "/")):
-        _mount(os.path.join(stage, f"root{index}"), root, None, _MS_BIND | _MS_REC)
+    for root in sorted(roots, key=lambda r: stage.startswith(r + "/")):
+        with _step(f"cannot give the job a private {root}", f"check that {root} is a folder on a local filesystem"):
+            _mount(copies[root], root, None, _MS_BIND | _MS_REC)
     if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777," + bound)
+        with _step("cannot give the job a private /dev/shm", "check that /dev/shm is a folder"):
+            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777," + bound)
+
+
+def _make_dirs(path: str, mode: int = 0o755) -> None:
+    """os.makedirs, with every folder it creates open to the job (whatever this process's umask)."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+        os.chmod(folder, mode)
+
+
+def _bind_back(needed: list[str], roots: list[str], copies: dict) -> list[str]:
+    """Everything the interpreter reads that lies below a private root (a venv or checkout under /tmp, a
+    `pip install --target /tmp/site`), bound back read-only at its own path in that root's private copy: the
+    job's /tmp stays its own and empty but for these. A path that is a root itself is not bound back (that
+    would be the host's whole /tmp). Returns the needed paths that lie below a root."""
+    below = sorted((p for p in needed if _root_of(p, roots) is not None), key=len)
+    bound: list[str] = []
+    for path in below:
+        if any(path.startswith(b + "/") for b in bound):
+            continue
+        root = _root_of(path, roots)
+        with _step(f"cannot bind {path} (the interpreter reads it) back into the job's private {root}",
+                   f"install Python and kbverify outside {root}"):
+            if _bind_back_one(path, root, copies[root]):
+                bound.append(path)
+    return below
+
+
+def _bind_back_one(path: str, root: str, copy: str) -> bool:
+    """Make `path` (below `root`) in `copy`: its folders, a link as the link it is (what it points to is bound
+    back by its real path), and the path itself bound read-only. False where a link stood in the way."""
+    host, view = root, copy
+    parts = path[len(root) + 1:].split("/")
+    for index, part in enumerate(parts):
+        host, view = os.path.join(host, part), os.path.join(view, part)
+        if os.path.islink(host):
+            if not os.path.lexists(view):
+                os.symlink(os.readlink(host), view)
+            return False
+        if index < len(parts) - 1:
+            _make_dirs(view)
+    if os.path.isdir(host):
+        _make_dirs(view)
+    elif not os.path.lexists(view):
+        os.close(os.open(view, os.O_WRONLY | os.O_CREAT, 0o644))  # a zip on sys.path: a file bound on a file
+    _mount(host, view, None, _MS_BIND | _MS_REC)
+    for point in _mount_points():
+        if point == view or point.startswith(view + "/"):
+            _read_only(point)
+    return True
 
 
 def _scratch_on_tmpfs(target: str, bound: str) -> None:
@@ -212,17 +342,23 @@ def _scratch_on_tmpfs(target: str, bound: str) -> None:
         os.makedirs(os.path.join(target, sub), exist_ok=True)
 
 
-def _open_blocked_ancestors(paths: list[str], stage: str, *, through: list[str] = ()) -> None:
+def _open_blocked_ancestors(paths: list[str], keep: str, *, through: list[str] = (),
+                            below: tuple = ("",)) -> None:
     """A job of its own uid cannot pass a folder closed to others (root's home, 0700, holding a Python or the
     build cache): such a folder is covered by an empty one open to all, and only the entries on the way to
     what the job needs to read are bound back in, as they are (read-only once the view is done). A folder it
     writes (`through`: its build folders) is bound back by itself, not the branch it lies in: binding back
-    that branch (all of ~/.cache) showed every other submission's builds to the job."""
+    that branch (all of ~/.cache) showed every other submission's builds to the job. Only folders below one of
+    `below` are looked at (the private copies of /tmp: the host's folders above them are not the job's way);
+    `keep` is an unused folder of the stage where the entries are held meanwhile."""
     blocked: dict[str, set[str]] = {}
     for path in [*paths, *through]:
-        parts = path.strip("/").split("/")
+        base = next((b for b in below if path.startswith(b + "/")), None)
+        if base is None:
+            continue
+        parts = path[len(base):].strip("/").split("/")
         for depth in range(1, len(parts)):
-            ancestor = "/" + "/".join(parts[:depth])
+            ancestor = base + "/" + "/".join(parts[:depth])
             try:
                 closed = not os.stat(ancestor).st_mode & 0o001
             except OSError:
@@ -231,21 +367,23 @@ def _open_blocked_ancestors(paths: list[str], stage: str, *, through: list[str] 
                 entry = parts[depth] if path in paths else "/".join(parts[depth:])
                 blocked.setdefault(ancestor, set()).add(entry)
                 break
-    keep = os.path.join(stage, "kept")
     for number, (ancestor, entries) in enumerate(sorted(blocked.items())):
-        held = []
-        for index, entry in enumerate(sorted(entries)):  # a whole child before any folder deep inside it
-            source = os.path.join(ancestor, entry)
-            if not os.path.isdir(source):
-                continue
-            kept = os.path.join(keep, str(number), str(index))
-            os.makedirs(kept)
-            _mount(source, kept, None, _MS_BIND | _MS_REC)
-            held.append((entry, kept))
-        _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-        for entry, kept in held:
-            os.makedirs(os.path.join(ancestor, entry), exist_ok=True)
-            _mount(kept, os.path.join(ancestor, entry), None, _MS_BIND | _MS_REC)
+        with _step(f"cannot let the job through {ancestor}, which is closed to other users",
+                   f"open {ancestor} to others (chmod o+x) or install Python, kbverify and its cache elsewhere"):
+            held = []
+            for index, entry in enumerate(sorted(entries)):  # a whole child before any folder deep inside it
+                source = os.path.join(ancestor, entry)
+                if not os.path.isdir(source):
+                    continue
+                kept = os.path.join(keep, str(number), str(index))
+                os.makedirs(kept)
+                _mount(source, kept, None, _MS_BIND | _MS_REC)
+                held.append((entry, kept))
+            _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+            for entry, kept in held:
+                os.makedirs(os.path.join(ancestor, entry), exist_ok=True)
+                _mount(kept, os.path.join(ancestor, entry), None, _MS_BIND | _MS_REC)
+            _mount(None, ancestor, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
 def _devices_closed_to_others() -> str:
@@ -263,21 +401,33 @@ def _devices_closed_to_others() -> str:
     return ""
 
 
-def _read_only_everything(keep: list[str]) -> None:
+def _mount_points() -> list[str]:
+    """Every mount point of this namespace, unescaped (mountinfo writes a space, tab, newline or backslash in a
+    path as \\040, \\011, \\012, \\134: a folder named so was otherwise never found, and left writable)."""
     with open("/proc/self/mountinfo") as handle:
-        points = [line.split()[4].replace("\\040", " ") for line in handle]
-    for point in points:
+        return [_OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in handle]
+
+
+def _read_only(point: str) -> None:
+    """Remount `point` read-only, keeping the flags it has (a user namespace may not drop them)."""
+    try:
+        status = os.statvfs(point)
+    except OSError:
+        return  # a mount this namespace cannot reach is no way out either
+    if status.f_flag & os.ST_RDONLY:
+        return
+    kept = ((_MS_NOSUID if status.f_flag & os.ST_NOSUID else 0) | (_MS_NODEV if status.f_flag & os.ST_NODEV else 0)
+            | (_MS_NOEXEC if status.f_flag & os.ST_NOEXEC else 0))
+    _mount(None, point, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept)
+
+
+def _read_only_everything(keep: list[str]) -> None:
+    for point in _mount_points():
         if point.startswith("/proc") or any(point == k or point.startswith(k + "/") for k in keep):
             continue
-        try:
-            status = os.statvfs(point)
-        except OSError:
-            continue  # a mount this namespace cannot reach is no way out either
-        kept = ((_MS_NOSUID if status.f_flag & os.ST_NOSUID else 0) | (_MS_NODEV if status.f_flag & os.ST_NODEV else 0)
-                | (_MS_NOEXEC if status.f_flag & os.ST_NOEXEC else 0))
-        if status.f_flag & os.ST_RDONLY:
-            continue
-        _mount(None, point, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept)
+        with _step(f"cannot make {point} read-only in the job's view",
+                   "report this with the output of `cat /proc/self/mountinfo`"):
+            _read_only(point)
 
 
 def become_init() -> None:

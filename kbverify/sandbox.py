@@ -195,6 +195,10 @@ def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
                     broken[0].result["infrastructure_error"])
         _use_spawn()
         outcomes = _run_together(specs)
+    for spec, outcome in zip(specs, outcomes):
+        if outcome.sandbox_failed:
+            # Ours, never the submission's: no verdict may come from a job whose sandbox was not (fully) built.
+            raise InfrastructureError(f"the {spec.job} worker's sandbox could not be built: {outcome.sandbox_failed}")
     return outcomes
 
 

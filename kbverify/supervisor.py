@@ -44,6 +44,9 @@ def child_main(job: str, payload: dict, workdir: str, log_path: str, env: dict, 
     confinement = (confine.enter([workdir, *writable], stage, off=confine_off, tmpfs=tmpfs_size, scratch=workdir,
                                  run_as=confine.sandbox_uid(env))
                    if confined else confine.Confinement("none", "runs no submission code"))
+    if confinement.failed:  # a half-built view: no job runs in it, and the parent raises an infrastructure error
+        _tell(parent, channel.EXIT, code=None, signal=None, sandbox_failed=confinement.failed)
+        os._exit(0)
     up_r, up_w = os.pipe()
     down_r, down_w = os.pipe()
     pid = os.fork()
