@@ -123,7 +123,8 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                exclude_degenerate=exclude_degenerate, group_by=group_by, executor=executor,
                                ray_address=ray_address, share_gpu=share_gpu)
     validate.clock(clock)
-    with Reporter() as progress:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
+    with Reporter() as reporter:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
+        progress = _counting_devices(reporter, request.share_gpu if request.executor == "local" else 1)
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
                                    protocols=request.protocols, samples=request.samples,
                                    report_dir=request.report_dir, device=request.device,
@@ -138,6 +139,24 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
         sys.stdout.write(summary["text"])
     if not summary["complete"]:
         raise typer.Exit(3)  # the job is not done: units an infrastructure error left without a verdict
+
+
+def _counting_devices(reporter, share: int):
+    """The reporter, told how many devices a rescore's phases run on. The local executor's events count its
+    evaluating threads (`workers`: devices x `device_share.threads_for(share)`; the start event devices x share),
+    which on one GPU shared by 4 units read "on 16 GPUs"; the devices are what the line names."""
+    import dataclasses
+
+    from kbverify.device_share import threads_for
+
+    def progress(event):
+        if event.devices is None and event.phase in ("start", "evaluate"):
+            per_device = share if event.phase == "start" else threads_for(share)
+            if per_device > 1 and event.workers % per_device == 0:
+                event = dataclasses.replace(event, devices=event.workers // per_device)
+        reporter(event)
+
+    return progress
 
 
 @app.command()
@@ -227,17 +246,23 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
     from kbverify.progress import Reporter
 
     validate.audit(tasks=tasks, protocol=protocol, out=out, device=device, hidden_tests=hidden_tests)
+    validate.audit_values(levels=levels, seeds=seeds, timeout=timeout, gpus=gpus, per_gpu=per_gpu,
+                          memory_budget_gib=memory_budget_gib, memory_factor=memory_factor,
+                          retry_per_gpu=retry_per_gpu, footprints=footprints, peaks=peaks, shard=shard, claims=claims)
+    hidden_dirs = validate.hidden_folders(hidden_tests)
+    given = dict(levels=levels, seeds=seeds, timeout_s=timeout, hidden_shapes=False if no_hidden else None,
+                 fresh=fresh or None, gpus=gpus, per_gpu=per_gpu, memory_budget_gib=memory_budget_gib,
+                 memory_factor=memory_factor, footprints=footprints, peaks=peaks, mps=mps, retry_per_gpu=retry_per_gpu,
+                 estimate_only=estimate_only or None, report_only=report_only or None,
+                 compare_published=published or None, shard=shard, claims=claims)
+    # how the options go together, checked before a worker starts (the device given, not yet resolved, only
+    # changes a default); then again with the device the workers see
+    audit_options(tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests,
+                  hidden_dirs=hidden_dirs, verbose=verbose, given=dict(given))
     _start_workers(timing=False)  # audit workers never time the interleaved way
     device = jobs.resolve_device(device)
-    hidden_dirs = validate.hidden_folders(hidden_tests)
-    options = audit_options(
-        tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests, hidden_dirs=hidden_dirs,
-        verbose=verbose, given=dict(
-            levels=levels, seeds=seeds, timeout_s=timeout, hidden_shapes=False if no_hidden else None,
-            fresh=fresh or None, gpus=gpus, per_gpu=per_gpu, memory_budget_gib=memory_budget_gib,
-            memory_factor=memory_factor, footprints=footprints, peaks=peaks, mps=mps, retry_per_gpu=retry_per_gpu,
-            estimate_only=estimate_only or None, report_only=report_only or None,
-            compare_published=published or None, shard=shard, claims=claims))
+    options = audit_options(tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests,
+                            hidden_dirs=hidden_dirs, verbose=verbose, given=given)
     if options is not None:
         result = run_audit_options(options)
     else:
@@ -300,8 +325,10 @@ def compare(a: Path = typer.Argument(..., metavar="A", help="a store, or an audi
             protocol: str = typer.Option("verified", "--protocol", help="which verdicts of two stores to compare")):
     """Two stores: how far each kernel's speedup moved. Two audit reports: which tasks' verdicts changed."""
     _setup_logging(False)
+    from kbverify import validate
     from kbverify.compare import compare as compare_results
 
+    validate.compare(a=a, b=b, protocol=protocol)
     result = compare_results(a, b, protocol=protocol)
     sys.stdout.write(result.text)
     raise typer.Exit(result.exit_code)
@@ -322,23 +349,64 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
         raise typer.Exit(3)
 
 
+USAGE = ("usage: kbverify COMMAND [ARGS]... where COMMAND is check, rescore, score, audit, hidden generate, report, "
+         "rejudge, compare or demo (kbverify --help, kbverify COMMAND --help)")
+
+
 def main() -> None:
     """The command line proper; `kbverify.__main__` starts the worker server before importing this."""
+    if sys.argv[1:] in ([], ["hidden"]):  # typer would print the help on stdout and an empty line on stderr
+        sys.stderr.write(f"kbverify: {USAGE}\n")
+        sys.exit(2)
+    empty = _empty_argument(sys.argv[1:])
+    if empty is not None:
+        sys.stderr.write(f"kbverify: {_one_line(empty)}\n")
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except KbverifyError as error:
-        sys.stderr.write(f"kbverify: {error}\n")
+        sys.stderr.write(f"kbverify: {_one_line(str(error))}\n")
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("kbverify: interrupted; finished work is in the store\n")
         sys.exit(130)
     except Exception as error:  # usage errors from click (or the copy of it that typer bundles)
         if hasattr(error, "format_message") and hasattr(error, "exit_code"):
-            sys.stderr.write(f"kbverify: {error.format_message()}\n")
+            sys.stderr.write(f"kbverify: {_one_line(error.format_message())}\n")
             sys.exit(2)
         if type(error).__name__ == "Abort":
             sys.exit(130)
-        raise
+        # A bug of kbverify's (bad input is an InputError, a failing machine an InfrastructureError): exit 3, as
+        # the contract says for kbverify's own failures, never 1, which would say a submission was rejected.
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.write(f"kbverify: internal error ({type(error).__name__}: {_first_line(error)}); this is a "
+                         f"bug in kbverify, please report it with the traceback above\n")
+        sys.exit(3)
+
+
+def _empty_argument(args: list[str]) -> str | None:
+    """An empty argument is never a valid value (a path, a protocol, a name) and most often a shell variable that
+    was not set: as a path it would silently mean the current folder."""
+    for index, arg in enumerate(args):
+        if arg == "":
+            before = args[index - 1] if index and args[index - 1].startswith("-") else None
+            return (f"{before}: an empty value (an unset shell variable?)" if before else
+                    f"argument {index + 1} is empty (an unset shell variable?)")
+        if arg.startswith("--") and arg.endswith("=") and len(arg) > 3:
+            return f"{arg[:-1]}: an empty value (an unset shell variable?)"
+    return None
+
+
+def _one_line(message: str) -> str:
+    """The contract's one line: a newline in a path or a value is shown escaped, not as a second line."""
+    return message.strip().replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else "no message"

@@ -28,7 +28,7 @@ from kbverify import labels as labels_module
 from kbverify.errors import InputError
 from kbverify.labels import Labels
 from kbverify.references import is_known_reference
-from kbverify.submissions import Submission, make_submission
+from kbverify.submissions import Submission, make_submission, read_source as read_python
 from kbverify.tasks import Task, find_task, load_task, parse_task
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,15 @@ def _add_unique(entries: dict[str, Entry], entry: Entry, where: str) -> None:
     entries[entry.entry_id] = entry
 
 
+def _string_or_null(row: dict, key: str, where: str) -> None:
+    """A submission's source is a string, or null where none was released; any other type is bad input (exit 2),
+    not an entry to call unverifiable (docs/formats.md: "a value of the wrong type")."""
+    value = row.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{where}: {key} must be a string (the submission's source) or null, got "
+                         f"{type(value).__name__} {str(value)[:40]}")
+
+
 def _no_code_reason(code: object, what: str) -> str | None:
     if code is None:
         return f"no code released ({what} is null)"
@@ -226,8 +235,8 @@ def _load_kernelbench(folder: Path, tasks_dir: Path | None, skipped: list[Skippe
 def _kernel_file(path: Path, skipped: list[SkippedFile]) -> tuple[Submission | None, str | None]:
     """The kernel of one file, or why there is none; an unreadable file makes its entry unverifiable, listed."""
     try:
-        code = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
+        code = read_python(path)  # as Python reads it: a UTF-8 byte-order mark or a coding line is no error
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as error:
         reason = f"cannot read the kernel file: {error}"
         skipped.append(SkippedFile(str(path), reason))
         return None, reason
@@ -372,6 +381,7 @@ def _cuda_l1_entry(row: dict, level: int, problem_id: int, tasks_dir: Path | Non
         except InputError as error:
             reason = f"ref_code is not a task: {error}"
         modified = _modified(level, problem_id, ref_code)
+    _string_or_null(row, "custom_code", where)
     code = row["custom_code"]
     code_reason = _no_code_reason(code, "custom_code")
     submission = make_submission(code, id=entry_id) if code_reason is None else None
@@ -460,6 +470,7 @@ def _jsonl_task(row: dict, root: Path, task_path: Path, level: int | None, probl
 def _jsonl_submission(row: dict, root: Path, entry_id: str, where: str) -> tuple[Submission | None, str | None]:
     """(submission, why there is none): from the row's `code`, else from the file its `path` names."""
     if "code" in row:
+        _string_or_null(row, "code", where)
         reason = _no_code_reason(row["code"], "code")
         return (make_submission(row["code"], id=entry_id) if reason is None else None), reason
     if not isinstance(row["path"], str):
@@ -468,8 +479,8 @@ def _jsonl_submission(row: dict, root: Path, entry_id: str, where: str) -> tuple
     if not submission_path.is_file():
         return None, f"submission file {row['path']} not found in {root}"
     try:
-        code = submission_path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
+        code = read_python(submission_path)
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as error:
         raise InputError(f"{submission_path}: cannot read: {error}") from None
     reason = _no_code_reason(code, "the submission file")
     return (make_submission(code, id=entry_id, path=str(submission_path)) if reason is None else None), reason

@@ -34,7 +34,8 @@ class Progress:
     last: str = ""  # what just finished, e.g. "level1/4/s0 [verified] incorrect"
     phase: str = "evaluate"  # "start" (rescore: units planned) | "build" | "evaluate" | "audit"
     device: str = "cpu"  # where the phase's work runs: "cpu", "cuda:0"; builds run on CPU cores
-    workers: int = 1  # how many items run side by side (devices, build processes)
+    workers: int = 1  # how many items run side by side (devices, build processes, evaluating threads)
+    devices: int | None = None  # how many devices the items run on; None: one per worker
 
 
 def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int],
@@ -59,7 +60,8 @@ def where(event: Progress) -> str:
     if event.phase == "build":
         return f"{event.workers} CPU core{'s' if event.workers != 1 else ''}"
     if str(event.device).startswith("cuda"):
-        return f"{event.workers} GPU{'s' if event.workers != 1 else ''}"
+        gpus = event.devices if event.devices is not None else event.workers
+        return f"{gpus} GPU{'s' if gpus != 1 else ''}"
     return "the CPU"
 
 

@@ -164,6 +164,7 @@ def read_score_jsonl(path: str | Path) -> list[ScoreRow]:
     from kbverify.importers import json_lines
 
     path = Path(path)
+    _not_a_json_document(path)
     rows = [_score_row(row, f"{path}:{number}") for number, row in json_lines(path)]
     if not rows:
         raise InputError(f"{path}: no scored lines")
@@ -279,6 +280,33 @@ def _level_and_id(name: str) -> tuple[int, int] | None:
 
 def _strip_py(name: str) -> str:
     return name[:-3] if name.endswith(".py") else name
+
+
+def _not_a_json_document(path: Path) -> None:
+    """A score JSONL holds one object a line; a whole JSON document given instead (KernelBench's
+    eval_results.json, most often) is named as what it is, not reported as a line that is "not JSON"."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return  # json_lines says why it cannot be read
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        document = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return
+    if len(lines) == 1 and isinstance(document, dict) and "task" in document:
+        return  # a score JSONL of one line
+    if isinstance(document, dict) and document and all(str(key).isdigit() and isinstance(value, list)
+                                                       for key, value in document.items()):
+        raise InputError(f"{path}: KernelBench's eval_results.json holds runtimes, not speedups: scoring it needs "
+                         f"the baseline times they are divided into, --baseline baseline_time_torch.json --level L "
+                         f"(see docs/formats.md, \"KernelBench's result files\"; examples/published_run/kernelbench_baseline.json "
+                         f"is one)")
+    if len(lines) > 1:
+        raise InputError(f"{path}: one JSON document, not JSON Lines; score reads a store, a score JSONL (one "
+                         f"object a line) or KernelBench's eval_results.json with --baseline and --level (see "
+                         f"docs/formats.md)")
 
 
 def _load_json(path: str | Path, what: str):

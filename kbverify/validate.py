@@ -6,13 +6,16 @@ what is accepted, so bad input ends with exit 2 before a worker starts, a store 
 What can only be judged once the source is read (does the tasks folder fit it, does the store hold another
 version of the run) is checked in `kbverify.task_match` and `kbverify.store`, still before any work.
 
-Nothing here imports torch, runs task or submission code, or writes anything. One exception, on purpose:
+Nothing here imports torch, runs task or submission code, or writes anything. Two exceptions, on purpose:
 `check --only hidden:...` on a task without a committed manifest asks a worker for its generated shapes, which
-the check would generate anyway (and then reuses).
+the check would generate anyway (and then reuses); and a folder an output goes into (or the nearest one of its
+ancestors that exists) is probed by making and removing one empty folder in it, because permission bits say
+nothing about `/proc`, `/sys` or a read-only mount, where the command would otherwise fail only when it writes.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -27,6 +30,7 @@ from kbverify.tasks import Task, load_task, load_task_dir
 # A worker must start, load the task and build inputs within this; a shorter limit times out honest kernels.
 MIN_TIMEOUT_S = 1.0
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_SECRET = re.compile(r"^[0-9a-fA-F]{16}$")  # what a verdict's reproducer carries (kbverify.inputs.new_run_secret)
 SAMPLE_RULES = ("first", "best")
 _REPORT_FILES = ("report.json", "report.md", "report.html")
 _BUNDLED_HIDDEN = Path(__file__).resolve().parent.parent / "hidden_tests"
@@ -83,13 +87,15 @@ class ScoreRequest:
 def check(*, submission: Path, task: Path, protocol: str, device: str, hidden_tests: Path | None, only: str | None,
           min_speedup: float | None, secret: str | None, timeout: float) -> CheckRequest:
     sandbox_settings()
-    protocols = tuple(parse_protocols(protocol))
+    readable(submission, "the submission")
+    readable(task, "--task")
+    protocols = tuple(protocol_list(protocol))
     timeout_s = seconds(timeout, "--timeout")
     device = device_name(device)
     if min_speedup is not None:
         min_speedup = non_negative(min_speedup, "--min-speedup")
-    if secret is not None and (not secret.strip() or any(ch.isspace() for ch in secret)):
-        raise InputError(f"--secret {secret!r}: a secret is one word (copy it from a verdict's reproducer)")
+    if secret is not None:
+        secret = run_secret(secret)
     loaded_task = load_task(task)
     submissions = _submissions(submission)
     hidden_dirs = hidden_folders(hidden_tests)
@@ -108,12 +114,16 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
 
     sandbox_settings()
     existing(source, "the source", "a run folder or a JSONL file")
+    for path, option in ((tasks, "--tasks"), (store, "--store"), (report_dir, "--report"), (hidden_tests,
+                                                                                          "--hidden-tests"),
+                         (select, "--select"), (exclude_degenerate, "--exclude-degenerate")):
+        readable(path, option)
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if tasks is not None:
         folder(tasks, "--tasks")
     output_file(store, "--store")
-    parse_protocols(protocol)
+    protocol_list(protocol)
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit}: give a number of entries, at least 1")
     for path, option in ((select, "--select"), (exclude_degenerate, "--exclude-degenerate")):
@@ -132,6 +142,7 @@ def rescore(*, source: Path, fmt: str, tasks: Path | None, store: Path, protocol
 def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exclude_degenerate: Path | None,
           samples: str | None, group_by: str | None = None) -> ScoreRequest:
     existing(source, "the source", "a store, a score JSONL or an eval_results.json", file=True)
+    readable(exclude_degenerate, "--exclude-degenerate")
     if baseline is not None:
         existing(baseline, "--baseline", "KernelBench's baseline-time JSON", file=True)
         if level is None:
@@ -153,8 +164,10 @@ def score(*, source: Path, baseline: Path | None, level: int | None, p: str, exc
 def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_tests: Path | None) -> None:
     sandbox_settings()
     existing(tasks, "the tasks", "a task file or folder")
+    readable(out, "--out")
+    readable(hidden_tests, "--hidden-tests")
     load_task_dir(tasks)
-    parse_protocols(protocol)
+    protocol_list(protocol)
     device_name(device)
     hidden_folders(hidden_tests)
     if out is not None:
@@ -162,10 +175,91 @@ def audit(*, tasks: Path, protocol: str, out: Path | None, device: str, hidden_t
             output_file(Path(f"{out}{suffix}"), "--out")
 
 
+def audit_values(*, levels: str | None, seeds: int | None, timeout: float | None, gpus: int | None,
+                 per_gpu: int | None, memory_budget_gib: float | None, memory_factor: float | None,
+                 retry_per_gpu: int | None, footprints: Path | None, peaks: Path | None, shard: str | None,
+                 claims: Path | None) -> None:
+    """The options of an audit beyond one audit of a folder, checked before a worker starts (`kbverify.audit.options`
+    checks how they go together)."""
+    if levels is not None:
+        parts = [part.strip() for part in levels.split(",")]
+        if not all(part.isdigit() and part.isascii() and int(part) >= 1 for part in parts):
+            raise InputError(f"--levels {levels!r}: give level numbers, e.g. 1,2,3")
+    for value, option, least in ((seeds, "--seeds", 1), (gpus, "--gpus", 1), (per_gpu, "--per-gpu", 1),
+                                 (retry_per_gpu, "--retry-per-gpu", 0)):
+        if value is not None and value < least:
+            raise InputError(f"{option} {value}: give a whole number, at least {least}")
+    if timeout is not None:
+        seconds(timeout, "--timeout")
+    for value, option in ((memory_budget_gib, "--memory-budget-gib"), (memory_factor, "--memory-factor")):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise InputError(f"{option} {value:g}: give a finite number above 0")
+    if shard is not None and not re.fullmatch(r"[0-9]+/[0-9]+", shard):
+        raise InputError(f"--shard {shard!r}: K/N, this copy's number and the copies' count")
+    for path, option in ((footprints, "--footprints"), (peaks, "--peaks")):
+        if path is not None:
+            output_file(path, option)
+    if claims is not None:
+        folder(claims, "--claims")
+
+
+def compare(*, a: Path, b: Path, protocol: str) -> None:
+    """`compare A B --protocol P`: for two stores, P must be a preset or name verdicts one of them holds (an unknown
+    name would compare nothing and exit 1, which says a comparison found no kernel, not that it was asked for the
+    wrong thing). A preset neither store holds is a comparison of nothing: exit 1, as for any two such runs."""
+    for path, what in ((a, "A"), (b, "B")):
+        existing(path, what, "a store or an audit report", file=True)
+    if not protocol.strip():
+        raise InputError("--protocol: give the name of the protocol whose verdicts to compare, e.g. verified")
+    if not (_is_store(a) and _is_store(b)):
+        return  # two audit reports (or a mismatch, which the comparison names): --protocol is not used
+    from kbverify.store import Store
+
+    from kbverify.protocols import PRESETS
+
+    if protocol in PRESETS:
+        return
+    held: set[str] = set()
+    for path in (a, b):
+        with Store(path, existing=True) as store:
+            held |= {verdict.protocol for _, verdict in store.verdicts()}
+    if protocol not in held:
+        have = ", ".join(sorted(held)) or "no verdicts"
+        raise InputError(f"--protocol {protocol}: no protocol of that name; {a} and {b} hold verdicts under {have}")
+
+
+def _is_store(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(16) == b"SQLite format 3\x00"
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+
+
+def run_secret(secret: str) -> str:
+    """`--secret`: the 16 hex digits a verdict's reproducer gives. Anything else would silently draw other inputs,
+    which may pass where the reproduced set failed."""
+    if not _SECRET.match(secret):
+        raise InputError(f"--secret {secret!r}: a secret is 16 hex digits (copy it from a verdict's reproducer, "
+                         f"e.g. --secret cdcd3481e7edb9a7)")
+    return secret.lower()
+
+
 def report(*, store: Path, out: Path, group_by: str | None = None) -> str | None:
     existing(store, "the store", "a store written by rescore", file=True)
     report_folder(out, "--out")
     return group_field(group_by)
+
+
+def protocol_list(spec: str) -> list[Protocol]:
+    """`--protocol`: presets and protocol files, each file first looked up as a path (a name too long for the
+    file system, or a loop above it, is named here rather than raised by the lookup)."""
+    from kbverify.protocols import PRESETS
+
+    for part in (part.strip() for part in spec.split(",")):
+        if part and part not in PRESETS:
+            readable(Path(part), "--protocol")
+    return parse_protocols(spec)
 
 
 def hang_floor(value: float) -> float:
@@ -184,15 +278,17 @@ def clock(value: str) -> str:
 
 def rejudge(*, store: Path, protocol: str, into: Path | None) -> None:
     existing(store, "the store", "a store written by rescore", file=True)
-    if len(parse_protocols(protocol)) != 1:
+    readable(into, "--into")
+    if len(protocol_list(protocol)) != 1:
         raise InputError("--protocol: rejudge takes one protocol")
     if into is not None:
-        if into.exists():
+        if into.exists() or into.is_symlink():
             raise InputError(f"--into {into}: exists; rejudge writes a new store")
         output_file(into, "--into")
 
 
 def demo(*, out: Path) -> None:
+    readable(out, "--out")
     folder_to_write(out, "--out")
     report_folder(out / "report", "--out")
     output_file(out / "store.sqlite", "--out")
@@ -200,6 +296,7 @@ def demo(*, out: Path) -> None:
 
 def hidden_generate(*, tasks: Path, out: Path) -> None:
     existing(tasks, "the tasks", "a task file or folder")
+    readable(out, "--out")
     load_task_dir(tasks)
     folder_to_write(out, "--out")
 
@@ -355,9 +452,32 @@ def _set_ids(protocol: Protocol, task: Task, hidden_dirs, *, hidden: bool) -> li
 
 # --- files ------------------------------------------------------------------------------------------------------------
 
+def readable(path: Path | None, what: str) -> None:
+    """A path the system can look up at all: not a name too long for its file system, not through a folder that
+    cannot be searched or a symlink loop (pathlib's exists() raises for these instead of saying False)."""
+    if path is None:
+        return
+    if not str(path):
+        raise InputError(f"{what}: an empty path")
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # missing (or under a file): each command says what it expected there
+    except OSError as error:
+        raise InputError(f"{what} {_short(path)}: {error.strerror or error}") from None
+    except ValueError as error:  # an embedded NUL
+        raise InputError(f"{what} {_short(path)}: {error}") from None
+
+
+def _short(path: Path, width: int = 120) -> str:
+    text = str(path)
+    return text if len(text) <= width else f"{text[:width // 2]}...{text[-width // 2:]}"
+
+
 def _leads_nowhere(path: Path, option: str) -> None:
     """A symlink loop, or a link to nothing: exists() calls it missing, while opening or creating through it
     fails (ELOOP, or a file made somewhere the user did not name)."""
+    readable(path, option)
     if path.is_symlink() and not path.exists():
         raise InputError(f"{option} {path}: a symlink that leads nowhere (a loop, or its target is missing)")
 
@@ -368,6 +488,8 @@ def existing(path: Path, what: str, expected: str, *, file: bool = False) -> Non
         raise InputError(f"{path}: no such file or folder ({what}: {expected})")
     if file and not path.is_file():
         raise InputError(f"{path}: not a file ({what}: {expected})")
+    if not (path.is_file() or path.is_dir()):  # a FIFO would block the read, a device read forever or nothing
+        raise InputError(f"{path}: neither a regular file nor a folder ({what}: {expected})")
 
 
 def folder(path: Path, option: str) -> None:
@@ -396,17 +518,49 @@ def output_file(path: Path, option: str) -> None:
     _leads_nowhere(path, option)
     if path.is_dir():
         raise InputError(f"{option} {path}: a folder, not a file")
-    _creatable(path.parent, option)
+    readable(path, option)
+    _creatable(path.parent, option, given=path)
 
 
-def _creatable(path: Path, option: str) -> None:
-    ancestor = path
+def _creatable(path: Path, option: str, *, given: Path | None = None) -> None:
+    """`path` is a folder that exists or can be made (`given`: the path named on the command line, for the
+    message: a file to be made in `path`)."""
+    readable(path, option)
+    ancestor, shown = path, given if given is not None else path
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise InputError(f"{option} {path}: {ancestor} is a file, not a folder")
+        raise InputError(f"{option} {_short(shown)}: {ancestor} is a file, not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {path}: {ancestor} is not writable")
+        raise InputError(f"{option} {_short(shown)}: {ancestor} is not writable")
+    _names_fit(shown, ancestor, option)
+    _probe(shown, ancestor, option)
+
+
+def _names_fit(path: Path, ancestor: Path, option: str) -> None:
+    """Every folder or file still to be made has a name its file system takes."""
+    try:
+        longest = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    to_make = path.relative_to(ancestor).parts if path != ancestor else ()
+    for name in to_make:
+        if len(os.fsencode(name)) > longest:
+            raise InputError(f"{option} {_short(path)}: the name {name[:40]}... is longer than the {longest} bytes "
+                             f"a file name may have there")
+
+
+def _probe(path: Path, ancestor: Path, option: str) -> None:
+    """Make and remove one empty folder in `ancestor`: the only sure test that something can be created there
+    (root passes every permission check, and /proc, /sys or a read-only mount still refuse)."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kbverify-probe-", dir=ancestor))
+    except OSError as error:
+        reason = "a read-only file system" if error.errno == errno.EROFS else (error.strerror or str(error))
+        raise InputError(f"{option} {_short(path)}: nothing can be created in {ancestor} ({reason}); "
+                         f"give a path in a writable folder") from None
 
 
 def _submissions(submission: Path) -> tuple[Submission, ...]:

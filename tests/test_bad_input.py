@@ -16,7 +16,9 @@ problem, with its own status (kbverify.task_probe).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +107,9 @@ def _sources(root: Path) -> dict:
         "select_not_json": _write(root / "select.json", "kernels: all"),
         "audit_no_exclusions": _write(root / "audit.json", json.dumps({"format": AUDIT_FORMAT})),
         "scores_bad": _write(root / "scores.jsonl", json.dumps({"task": "a.py", "correct": "yes", "speedup": 1})),
+        # issue 35: a code that is not a string, beside a task that is there (so only the type is wrong)
+        "jsonl_code_5": _write(root / "run" / "code5.jsonl", json.dumps({"task": "level1/1_ReLU.py", "code": 5})
+                               + "\n"),
         "empty_folder": root / "empty",
     }
     for name in ("run", "bad", "twins"):
@@ -317,6 +322,45 @@ CASES = [
      ["hidden"]),
     ("hidden-out-is-a-file", lambda w, o: ["hidden", "generate", RELU, "--out", w.a_file], ["not a folder"], []),
     ("unknown-command", lambda w, o: ["frobnicate"], ["frobnicate"], []),
+    # issue 35: outputs under a folder nothing can be created in (root passes every permission check there)
+    ("rescore-report-under-proc", lambda w, o: ["rescore", w.jsonl, "--store", o / "s.sqlite", "--device", "cpu",
+                                                "--report", "/proc/kbverify-nothing/report"],
+     ["--report", "nothing can be created in /proc"], ["s.sqlite"]),
+    ("rescore-store-under-proc", lambda w, o: ["rescore", w.jsonl, "--store", "/proc/kbverify-nothing/s.sqlite"],
+     ["--store", "/proc"], []),
+    ("report-out-under-proc", lambda w, o: ["report", w.store, "--out", "/proc/kbverify-nothing/report"],
+     ["--out", "nothing can be created in /proc"], []),
+    ("audit-out-under-proc", lambda w, o: ["audit", RELU, "--out", "/proc/kbverify-nothing/audit"],
+     ["--out", "nothing can be created in /proc"], []),
+    ("hidden-out-under-proc", lambda w, o: ["hidden", "generate", RELU, "--out", "/proc/kbverify-nothing/hidden"],
+     ["--out", "nothing can be created in /proc"], []),
+    ("demo-out-under-proc", lambda w, o: ["demo", "--out", "/proc/kbverify-nothing/demo"],
+     ["--out", "nothing can be created in /proc"], []),
+    ("demo-out-under-sys", lambda w, o: ["demo", "--out", "/sys/kbverify-nothing"], ["--out", "/sys"], []),
+    ("check-submission-name-of-300-characters", lambda w, o: ["check", o / ("s" * 300 + ".py"), "--task", RELU],
+     ["File name too long"], []),
+    ("report-out-name-of-300-characters", lambda w, o: ["report", w.store, "--out", o / ("r" * 300)],
+     ["--out", "File name too long"], []),
+    ("compare-protocol-bogus", lambda w, o: ["compare", w.store, w.store, "--protocol", "bogus"],
+     ["--protocol bogus", "no protocol of that name", "original"], []),
+    *[(f"check-secret-{name}", lambda w, o, value=value: _check(w, o, "--secret", value), ["--secret", "16 hex"], [])
+      for name, value in (("word", "xyz"), ("15-digits", "cdcd3481e7edb9a"), ("17-digits", "cdcd3481e7edb9a7a"),
+                          ("not-hex", "cdcd3481e7edb9ag"), ("prefixed", "0xcdcd3481e7edb9"))],
+    ("rescore-jsonl-code-a-number", lambda w, o: ["rescore", w.jsonl_code_5, "--store", o / "s.sqlite", "--device",
+                                                  "cpu"], ["code5.jsonl:1", "code must be a string"], ["s.sqlite"]),
+    ("score-eval-results-without-baseline", lambda w, o: ["score", RUN / "eval_results.json"],
+     ["eval_results.json", "--baseline", "docs/formats.md"], []),
+    ("no-arguments", lambda w, o: [], ["usage: kbverify COMMAND", "check"], []),
+    ("hidden-without-subcommand", lambda w, o: ["hidden"], ["usage: kbverify COMMAND"], []),
+    ("empty-out-is-not-the-current-folder", lambda w, o: ["report", w.store, "--out", ""],
+     ["--out", "empty value"], []),
+    ("rescore-source-a-fifo", lambda w, o: ["rescore", (os.mkfifo(o / "fifo") or o / "fifo"), "--store",
+                                            o / "s.sqlite"], ["neither a regular file nor a folder"], ["s.sqlite"]),
+    ("check-task-name-with-a-newline", lambda w, o: ["check", w.submission, "--task", _write(o.parent / "a\nb.py",
+                                                                                             "x = 1\n")],
+     ["a\\nb.py"], []),
+    ("audit-estimate-only-without-footprints", lambda w, o: ["audit", RELU, "--out", o / "audit", "--estimate-only"],
+     ["--footprints"], ["audit.json"]),
 ]
 
 
@@ -666,7 +710,95 @@ def test_a_second_different_rescore_is_refused_and_the_store_still_scores_and_re
     assert "1 of this run's 2 units are already there in another version" in stderr and "new store" in stderr
     assert run_cli(monkeypatch, capsys, ["score", store, "--json"])[0] == 0
     assert run_cli(monkeypatch, capsys, ["report", store, "--out", tmp_path / "report"])[0] == 0
-    # into a store of its own it goes ahead (it would evaluate the new kernel: stop at the first worker)
-    with pytest.raises(AssertionError, match="a worker was started"):
-        run_cli(monkeypatch, capsys, ["rescore", run, "--tasks", TASKS / "basic", "--store", tmp_path / "new.sqlite",
-                                      "--protocol", "original", "--device", "cpu"])
+    # into a store of its own it goes ahead (it would evaluate the new kernel: stop at the first worker, which
+    # the command line reports as its own failure, exit 3)
+    code, _, stderr = run_cli(monkeypatch, capsys, ["rescore", run, "--tasks", TASKS / "basic", "--store",
+                                                    tmp_path / "new.sqlite", "--protocol", "original", "--device",
+                                                    "cpu"])
+    assert code == 3 and "a worker was started" in stderr
+
+
+# --- issue 35: what is not bad input is read as it should be; the fuzz stays clean ----------------------------------
+
+BOM_SOURCE = "\ufeff" + HONEST
+
+
+def test_a_submission_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path):
+    from kbverify.submissions import load_submission
+
+    path = _write(tmp_path / "bom.py", BOM_SOURCE.encode("utf-8"))
+    submission = load_submission(path)
+    assert submission.source == HONEST  # the mark is gone, as `python bom.py` drops it
+    compile(submission.source, "bom.py", "exec")
+    declared = _write(tmp_path / "latin.py", b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + HONEST.encode())
+    assert "caf\u00e9" in load_submission(declared).source
+
+
+def test_a_run_folder_and_a_jsonl_read_kernels_with_a_byte_order_mark(tmp_path):
+    from kbverify.importers import read_source
+
+    run = _run_folder(tmp_path / "run", {"1": HONEST})
+    _write(run / "level_1_problem_1_sample_0_kernel.py", BOM_SOURCE.encode("utf-8"))
+    (entry,) = read_source(run, tasks_dir=TASKS / "basic").entries
+    assert entry.unverifiable is None and entry.submission.source == HONEST
+    jsonl = tmp_path / "generic" / "run.jsonl"
+    _write(tmp_path / "generic" / "level1" / "1_ReLU.py", RELU.read_text())
+    _write(tmp_path / "generic" / "kernel.py", BOM_SOURCE.encode("utf-8"))
+    _write(jsonl, json.dumps({"task": "level1/1_ReLU.py", "path": "kernel.py"}) + "\n")
+    (entry,) = read_source(jsonl).entries
+    assert entry.unverifiable is None and entry.submission.source == HONEST
+
+
+def test_a_secret_of_16_hex_digits_is_taken_in_either_case(world, tmp_path):
+    from kbverify import validate
+
+    assert validate.run_secret("CDCD3481E7EDB9A7") == "cdcd3481e7edb9a7"
+    assert validate.run_secret("cdcd3481e7edb9a7") == "cdcd3481e7edb9a7"
+
+
+def test_the_bundled_baseline_scores_the_bundled_eval_results(monkeypatch, capsys):
+    code, stdout, stderr = run_cli(monkeypatch, capsys, ["score", RUN / "eval_results.json", "--baseline",
+                                                        RUN / "kernelbench_baseline.json", "--level", "1", "--json"])
+    assert code == 0, stderr
+    assert "kernelbench" in json.loads(stdout)["tables"]
+    # a file named baseline_time*.json would give rescore's run folder claims it must refuse (two levels)
+    assert not list(RUN.glob("baseline_time*.json"))
+
+
+def test_progress_names_the_gpus_not_the_threads_sharing_them():
+    from kbverify.cli import _counting_devices
+    from kbverify.device_share import threads_for
+    from kbverify.progress import Progress, where
+
+    seen = []
+    progress = _counting_devices(seen.append, 4)
+    progress(Progress(0, 10, phase="start", device="cuda:0", workers=1 * 4))
+    progress(Progress(1, 10, phase="evaluate", device="cuda:0", workers=1 * threads_for(4)))
+    progress(Progress(1, 10, phase="build", device="cpu", workers=16))
+    assert [where(event) for event in seen] == ["1 GPU", "1 GPU", "16 CPU cores"]
+    two = _counting_devices(seen.append, 4)
+    two(Progress(1, 10, phase="evaluate", device="cuda:0", workers=2 * threads_for(4)))
+    assert where(seen[-1]) == "2 GPUs"
+    one_each = _counting_devices(seen.append, 1)
+    one_each(Progress(1, 10, phase="evaluate", device="cuda:0", workers=8))
+    assert where(seen[-1]) == "8 GPUs"
+
+
+def test_an_internal_error_exits_3_with_a_line_never_1(monkeypatch, capsys):
+    from kbverify import validate
+
+    def broken(**kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(validate, "score", broken)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, ["score", RUN / "eval_results.json"])
+    assert code == 3 and stdout == ""
+    assert stderr.splitlines()[-1].startswith("kbverify: internal error (ZeroDivisionError: a bug)")
+
+
+def test_a_fixed_sample_of_the_fuzz_is_clean():
+    """CI's share of scripts/fuzz_cli.py (run all of it before stopping: `python3 scripts/fuzz_cli.py`)."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_cli.py"), "--sample", "20", "--seed", "35"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| cases                |    20 |" in done.stdout and "| clean exit 2         |    20 |" in done.stdout
