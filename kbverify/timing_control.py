@@ -133,7 +133,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         if stop:
             break
     last = calls.get("last_cand")
-    if check and last is not None and not driven.forged:
+    if check and last is not None and not driven.forged and not driven.stopped:  # a stopped worker hands nothing
         try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
             _reveal(child, last[0], last[1], _Checking(reservoir, outdir), deadline, everything=True,
                     distribution=last[2])
