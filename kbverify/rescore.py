@@ -322,6 +322,21 @@ class LocalExecutor:
                 sink.builds(done, total, workers, f"{group[0].entry.entry_id} "
                                                   f"{'built' if result.get('ok') else 'failed'}")
 
+    @staticmethod
+    def _evaluate_once_more_alone(unit, device_options: CheckOptions, sink: Sink) -> Verdict:
+        """A unit that ran out of memory beside others, as a verdict or as kbverify's own fault (the judge's
+        process, a copy of a timed output), is evaluated again alone: what its neighbours held never decides it."""
+        shared = device_options.sharing is not None and not device_options.sharing.alone
+        try:
+            verdict = evaluate_unit(unit, device_options, sink.store, sink.lock)
+        except InfrastructureError as error:
+            if not (shared and "out of memory" in str(error).lower()):
+                raise
+            return _alone(unit, device_options, sink)
+        if shared and ran_out_of_memory(verdict.status.value, verdict.message):
+            return _alone(unit, device_options, sink)
+        return verdict
+
     def _evaluate_from(self, ready: queue.Queue, device: str, sink: Sink) -> None:
         device_options = dataclasses.replace(self.options, device=device, sharing=self.sharing.get(device))
         while not sink.stopped:
@@ -330,13 +345,7 @@ class LocalExecutor:
                 return
             started = time.monotonic()
             try:
-                verdict = evaluate_unit(unit, device_options, sink.store, sink.lock)
-                if device_options.sharing and ran_out_of_memory(verdict.status.value, verdict.message):
-                    log.info("%s [%s] ran out of memory beside other units: evaluated again alone",
-                             unit.entry.entry_id, unit.protocol.name)
-                    alone = dataclasses.replace(device_options.sharing, alone=True)
-                    verdict = evaluate_unit(unit, dataclasses.replace(device_options, sharing=alone), sink.store,
-                                            sink.lock)
+                verdict = self._evaluate_once_more_alone(unit, device_options, sink)
             except InfrastructureError as error:
                 sink.error(unit, str(error))
                 continue
@@ -344,6 +353,13 @@ class LocalExecutor:
                 sink.failure(error)
                 return
             sink.verdict(unit, verdict, time.monotonic() - started, device)
+
+
+def _alone(unit, device_options: CheckOptions, sink: "Sink") -> Verdict:
+    log.info("%s [%s] ran out of memory beside other units: evaluated again alone", unit.entry.entry_id,
+             unit.protocol.name)
+    alone = dataclasses.replace(device_options.sharing, alone=True)
+    return evaluate_unit(unit, dataclasses.replace(device_options, sharing=alone), sink.store, sink.lock)
 
 
 def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, run_id: str, devices: list[str],
