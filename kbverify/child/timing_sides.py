@@ -211,12 +211,25 @@ def _write(path: str, copies: list) -> None:
 
 def poison(output, spared: frozenset = frozenset()) -> None:
     """NaN into every floating output tensor, except one that shares storage with the model's own parameters or
-    buffers (a forward may return one of them as it is)."""
+    buffers (a forward may return one of them as it is).
+
+    An inference tensor (a forward under `torch.inference_mode`) is filled inside inference mode, the only place
+    PyTorch allows it in place: an honest kernel that returns one is no runtime error (corpus:
+    honest/relu_under_inference_mode)."""
     with torch.no_grad():
         for tensor in flatten_outputs(output):
             if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and type(tensor) is torch.Tensor
                     and storage_of(tensor) not in spared):
-                tensor.fill_(float("nan"))
+                fill_nan(tensor)
+
+
+def fill_nan(tensor: torch.Tensor) -> None:
+    """`tensor.fill_(nan)`, inside inference mode where the tensor is an inference tensor (see `poison`)."""
+    if tensor.is_inference():
+        with torch.inference_mode():
+            tensor.fill_(float("nan"))
+    else:
+        tensor.fill_(float("nan"))
 
 
 def storage_of(tensor: torch.Tensor) -> int:
