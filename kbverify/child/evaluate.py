@@ -312,8 +312,10 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
             guards.poison_allocator(device, POISON_SENTINEL, 2 * input_bytes + (64 << 20))
             second = flatten_outputs(_call(candidate, fresh, call_seed))
             synchronize(device)
-            agree, detail = guards.outputs_agree([t.to(device) if isinstance(t, torch.Tensor) else t
-                                                  for t in saved], second)
+            again = [t.to(device) if isinstance(t, torch.Tensor) else t for t in saved]
+            agree, detail = guards.outputs_agree(again, second)
+            if not agree:  # by how much, as the judge measures outputs: the judge applies the protocol's limits
+                entry["second_vs_first"] = summarize(again, second)
         except BaseException as error:  # noqa: BLE001
             return {**entry, "error": short_error(error), "fatal": is_cuda_fatal(error)}
         entry["deterministic"] = agree
