@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import dataclasses
 from dataclasses import dataclass
@@ -69,8 +70,18 @@ def _without_the_callers_main(original):
     return preparation_data
 
 
+_SERVER_LOCK = threading.Lock()
+
+
 def _forkserver(*, timing: bool = True):
-    """The worker server, created and started on first use; `timing` only matters then (what it preloads)."""
+    """The worker server, created and started on first use; `timing` only matters then (what it preloads). Under a
+    lock: two threads starting it at once (parallel builds, side-by-side checks) each saved the other's /dev/null
+    as their stdout and one restored it, so every later line the caller printed was lost."""
+    with _SERVER_LOCK:
+        return _forkserver_locked(timing)
+
+
+def _forkserver_locked(timing: bool):
     global _context
     if _context is None:
         from multiprocessing import spawn
