@@ -22,6 +22,7 @@ from kbverify.status import Status, Warn
 # precision on a few calls gain little).
 GROSS_FACTOR = 3.0
 MARGINAL_FRACTION = 0.1
+_NOT_COMMITTED = "the copy handed over is not the one whose digest came with the batch's times"
 _NAN_NOTE = ("a returned tensor that is kept and not recomputed reads NaN, which the harness writes into every "
              "floating output tensor after copying it")
 
@@ -45,15 +46,16 @@ def judge_timed_outputs(stale: dict, protocol) -> StaleFinding:
     if structure:
         return StaleFinding(Status.EXPLOIT_STALE_OUTPUT, f"{len(structure)} timed outputs differ from the "
                             f"reference's in type, shape or dtype (first: call {structure[0]})")
-    missing = [c for c in calls if c.get("missing") or c.get("candidate_output_error")]
+    missing = [c for c in calls if c.get("missing") or c.get("candidate_output_error") or c.get("not_committed")]
     infrastructure = [c for c in calls if c.get("infrastructure_error")]
-    judged = [c for c in calls if "comparison" in c and c.get("valid", True)]
+    judged = [c for c in calls if "comparison" in c and c.get("valid", True) and not c.get("not_committed")]
     wrong = [(c, _call_outcome(c, protocol)) for c in judged]
     wrong = [(c, detail, gross) for c, (ok, detail, gross) in wrong if not ok]
     checked = len(judged) + len(missing)
     if missing or any(gross for _, _, gross in wrong) or len(wrong) > MARGINAL_FRACTION * max(checked, 1):
         if missing:
-            call, why = missing[0]["call"], missing[0].get("missing") or missing[0].get("candidate_output_error")
+            call, why = missing[0]["call"], (missing[0].get("missing") or missing[0].get("candidate_output_error")
+                                             or _NOT_COMMITTED)
         else:
             first = next((w for w in wrong if w[2]), wrong[0])
             call, why = first[0]["call"], first[1].split(";")[0]

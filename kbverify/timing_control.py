@@ -105,6 +105,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         driven.stopped = _silence(child, "the worker never became ready to time")
         return driven
     reservoir, calls = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}
+    checking = _Checking(reservoir, outdir) if check else None
     distributions = tuple(distributions) or ("x1",)
     first_distribution = rng.randrange(len(distributions))
     started = time.monotonic()
@@ -116,7 +117,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         try:
             for kind, side in batches:
                 _batch(child, side, kind, distribution, rng, entry, calls,
-                       _Checking(reservoir, outdir) if check and side == "cand" else None, deadline)
+                       checking if side == "cand" else None, deadline)
         except TimingForged as error:
             driven.forged = str(error)
             break
@@ -135,8 +136,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
     last = calls.get("last_cand")
     if check and last is not None and not driven.forged and not driven.stopped:  # a stopped worker hands nothing
         try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
-            _reveal(child, last[0], last[1], _Checking(reservoir, outdir), deadline, everything=True,
-                    distribution=last[2])
+            _reveal(child, last[0], last[1], checking, deadline, everything=True, distribution=last[2])
         except (TimingForged, TimeoutError) as error:
             driven.forged = driven.forged or str(error)
     _send(child, {"op": "end"})
@@ -196,6 +196,7 @@ class _Checking:
 
     reservoir: Reservoir
     outdir: str
+    digests: dict = field(default_factory=dict)  # call → the digest of its copy, as sent with the batch's times
 
 
 def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
@@ -214,8 +215,10 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
     timed = _reply(child, "timed", deadline)
     wall_ms = (time.monotonic() - sent) * 1e3
     if timed is not None and checking is not None:
-        # every output of the batch is copied by now: the calls to check are chosen only now, here
+        # every output of the batch is copied and its digest sent by now: the calls to check are chosen only now
         revealing = time.monotonic()
+        digests = timed.get("digests") if isinstance(timed.get("digests"), dict) else {}
+        checking.digests.update({int(k): v for k, v in digests.items() if str(k).isdigit()})
         _reveal(child, seeds, first, checking, deadline, distribution=distribution)
         entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
     reply = _reply(child, "batch", deadline) if timed is not None else None
@@ -254,8 +257,8 @@ def _reveal(child, seeds: list, first: int, checking: _Checking, deadline: float
         raise TimeoutError(_silence(child, "the worker stopped answering while handing over its outputs"))
     shown = revealed.get("calls") if isinstance(revealed.get("calls"), dict) else {}
     for index in wanted:
-        kept = {"seed": seeds[index - first], "distribution": distribution, **_copy_entry(shown.get(str(index)),
-                                                                                         index, checking.outdir)}
+        kept = {"seed": seeds[index - first], "distribution": distribution, "digest": checking.digests.get(index),
+                **_copy_entry(shown.get(str(index)), index, checking.outdir)}
         evicted = (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
         if isinstance(evicted, dict) and evicted.get("file"):
             _remove(os.path.join(checking.outdir, evicted["file"]))

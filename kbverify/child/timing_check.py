@@ -19,6 +19,7 @@ from kbverify.child.evaluate import build_reference, judge_call, shape_namespace
 from kbverify.child.handover_files import handover_limit, read_regular
 from kbverify.child.precision import set_tf32
 from kbverify.child.timing import _reference_signature
+from kbverify.child.timing_sides import digest
 from kbverify.child.worker import announce, device_from, short_error, task_from
 from kbverify.inputs import derive_seed, timed_inputs
 
@@ -49,27 +50,45 @@ def timing_check_job(payload: dict) -> dict:
         entry: dict = {"call": index}
         if "file" not in check:  # no copy: the parent says whose fault that was
             entry.update({key: check[key] for key in ("missing", "infrastructure_error") if key in check})
-        elif check.get("signature") != signature:
+        elif _kinds(check.get("signature")) != _kinds(signature):
             entry["wrong_structure"] = True
         else:
             inputs = timed_inputs(namespace, int(check["seed"]), str(check.get("distribution") or "x1"), device)
             path = os.path.join(outdir, os.path.basename(str(check["file"])))
+            read = _Committed(path, device, check.get("digest"))
             judged = judge_call(reference, inputs, derive_seed(secret, "rng", index), device, exact_flags,
-                                want_baseline, want_fp64, lambda ref, path=path: _read_copy(path, ref, device),
-                                derive_seed(secret, "nudge", "timed", index), phase=f"timing:check:{index}")
+                                want_baseline, want_fp64, read, derive_seed(secret, "nudge", "timed", index),
+                                phase=f"timing:check:{index}")
             entry.update({key: judged[key] for key in KEPT if key in judged})
+            if read.uncommitted:
+                entry["not_committed"] = True
         calls.append(entry)
     return {"checked": len(calls), "calls": calls}
 
 
-def _read_copy(path: str, reference: list, device) -> list:
-    """A copy the candidate's process wrote, read as a hand-over is: a plain file under the reference's bound,
-    loaded with no code run (weights_only)."""
-    data = read_regular(path, handover_limit(reference))
-    try:
-        copies = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
-    except Exception as error:  # noqa: BLE001 - the file is the candidate process's: unreadable is its failure
-        raise ValueError(f"the copy of the timed output is unreadable ({short_error(error)})") from None
-    if not isinstance(copies, list):
-        raise ValueError("the copy of the timed output is not a list of tensors")
-    return copies
+class _Committed:
+    """Reads a copy the candidate's process wrote, as a hand-over is read (a plain file under the reference's
+    bound, loaded with no code run), and notes whether it is the copy whose digest came with the batch's times
+    (`uncommitted`): one made or changed after the parent chose the call is not."""
+
+    def __init__(self, path: str, device, committed):
+        self.path, self.device, self.committed, self.uncommitted = path, device, committed, False
+
+    def __call__(self, reference: list) -> list:
+        data = read_regular(self.path, handover_limit(reference))
+        try:
+            copies = torch.load(io.BytesIO(data), map_location=self.device, weights_only=True)
+        except Exception as error:  # noqa: BLE001 - the file is the candidate process's: unreadable is its failure
+            raise ValueError(f"the copy of the timed output is unreadable ({short_error(error)})") from None
+        if type(copies) is not list or not all(c is None or type(c) is torch.Tensor for c in copies):
+            raise ValueError("the copy of the timed output is not a list of tensors")
+        self.uncommitted = digest(copies) != self.committed
+        return copies
+
+
+def _kinds(signature) -> list | None:
+    """Each output's type and dtype, without its shape: a shape may follow the call's own inputs (a masked
+    select), and the comparison with the reference on those inputs judges it."""
+    if not isinstance(signature, list):
+        return None
+    return [[item[0], item[2]] if isinstance(item, (list, tuple)) and len(item) == 3 else item for item in signature]

@@ -13,7 +13,7 @@ import torch
 
 from kbverify.child import guards
 from kbverify.child.timed_call import KINDS, _timed_call
-from kbverify.child.timing_sides import Side, changed_since, output_signature, poison
+from kbverify.child.timing_sides import Side, changed_since, digest, output_signature, poison
 from kbverify.child.worker import announce, synchronize
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
@@ -97,7 +97,10 @@ def _batch(side, name: str, kind: str, device, flush, reassert, cover, lead_call
         distributions = go.get("distributions") or ["x1"] * len(seeds)
         staged = [side.inputs_for(int(seed), str(d)) for seed, d in zip(seeds, distributions)]
         times = _calls(side, staged, device, flush, reassert if name == "ref" else None, cover, kind)
-        worker.send({"kind": "reply", "op": "timed", "times_ms": times})
+        # the candidate's digests leave with the times, on the parent's clock, before it chooses
+        digests = {str(i): side.calls[i]["digest"] for i in range(len(side.calls) - len(times), len(side.calls))
+                   } if name == "cand" else {}
+        worker.send({"kind": "reply", "op": "timed", "times_ms": times, "digests": digests})
         if outdir is not None:
             chosen = worker.receive_command()
             if chosen is None or chosen.get("op") != "reveal":
@@ -226,6 +229,7 @@ def _settle(pending: list, side: Side, device) -> None:
         call["signature"] = signature = output_signature(flat)
         if changed_since(early, flat):
             call["unsettled"] = True
+        call["digest"] = digest(early)  # both sides: the same harness work on the clock
         if side.name == "cand":
             side.keep(call_index, early, signature)
     pending.clear()

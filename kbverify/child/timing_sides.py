@@ -61,7 +61,7 @@ class Side:
 
     def keep(self, call_index: int, copies: list, signature: list) -> None:
         """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control), at
-        the batch's end, before anything of the batch is freed."""
+        the batch's end, before anything of the batch is freed; its digest goes to the parent with the times."""
         self.batch[call_index] = {"copies": copies, "signature": json.loads(json.dumps(signature))}
 
     def reveal(self, indices: list, outdir: str) -> dict:
@@ -70,8 +70,8 @@ class Side:
         such as a full disk, which the parent never charges to the kernel)."""
         shown = {}
         for index in indices:
-            entry = self.batch.get(index) if type(self.batch) is dict else None
-            if not isinstance(entry, dict):
+            entry = dict.get(self.batch, index) if type(self.batch) is dict else None
+            if type(entry) is not dict:
                 shown[str(index)] = {"error": "no copy of this call"}
                 continue
             name = f"timed-{int(index)}.pt"
@@ -187,6 +187,33 @@ def snapshot(outputs: list) -> list:
     matmul_computes_only_what_it_can_find_of_the_check). Compared with the output after a device-wide
     synchronise, it also shows work that outlived the call (`unsettled`)."""
     return [out.detach().clone() if type(out) is torch.Tensor else None for out in outputs]
+
+
+# splitmix64's finaliser constants, as signed 64-bit integers (torch has no unsigned 64-bit arithmetic)
+_MIX = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64))
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def digest(copies: list) -> list:
+    """Per copy: the sum over every element of a nonlinear mix of its bits, modulo 2**64 (None for no copy).
+
+    Sent with the batch's times, so it is made on the parent's clock, before the parent chooses which calls it
+    checks; the clean check recomputes it from the copy it is handed. A copy changed after the choice, or made
+    right only then (corpus: matmul_hands_over_a_product_made_after_the_choice), no longer matches; matching it
+    needs every element of the right output, on the clock. Order-free (integer sums wrap), so the device's
+    reduction order cannot change it; nonlinear, so no shortcut through the operation (a matmul's weighted sum
+    is a cheaper matmul) computes it without the output."""
+    out = []
+    for copy in copies:
+        if copy is None:
+            out.append(None)
+            continue
+        flat = copy.detach().reshape(-1)
+        bits = flat.view(_BITS.get(flat.element_size(), torch.int64)).to(torch.int64)
+        mixed = (bits ^ (bits >> 30)) * _MIX[0]
+        mixed = (mixed ^ (mixed >> 27)) * _MIX[1]
+        out.append(int((mixed ^ (mixed >> 31)).sum()))
+    return out
 
 
 def changed_since(copies: list, outputs: list) -> bool:

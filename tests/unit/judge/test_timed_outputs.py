@@ -116,3 +116,13 @@ def test_the_judges_own_out_of_memory_is_named_and_never_a_status():
                        "original/x3/default/s0": {"valid": True, "infrastructure_error": "out of memory comparing"}}}
     assert "original/x3/default/s0" in judge_infrastructure(record)
     assert judge_infrastructure({"sets": {"a": {"valid": True}}}) is None
+
+
+def test_a_copy_that_is_not_the_committed_one_is_an_exploit_even_when_right():
+    """The copy handed over is right for its inputs but is not the one whose digest left with the batch's times
+    (corpus: matmul_hands_over_a_product_made_after_the_choice): made after the choice, off the clock."""
+    stale = timed_evidence.stale([])
+    stale["calls"][4] = {**stale["calls"][4], "not_committed": True}
+    finding = judge_timed_outputs(stale, VERIFIED)
+    assert finding.status is Status.EXPLOIT_STALE_OUTPUT
+    assert "call 4" in finding.message and "digest" in finding.message and "1 of 28" in finding.message
