@@ -153,7 +153,9 @@ def test_every_parameter_is_redrawn_whatever_its_values_and_buffers_of_0_1_stay_
     state = rerandomized_state(model, seed=5)
     for name in ("scale", "alpha", "gamma"):
         assert not torch.equal(state[name], getattr(model, name)), name
-    assert bool((state["scale"] > 0).all()), "a positive parameter stays positive"
+    # a parameter of ones takes random signs (trained weights are often negative; corpus
+    # exploits/groupnorm_pool_before_signed_affine)
+    assert bool((state["scale"] > 0).any()) and bool((state["scale"] < 0).any())
     assert torch.equal(state["keep"], model.keep)
 
 

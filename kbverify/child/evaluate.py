@@ -49,18 +49,26 @@ def shape_namespaces(task, sets: list[dict]) -> dict[str, dict]:
 # 0/1 buffers that are statistics, not masks: a BatchNorm's running mean and variance (0 and 1 until trained, which a
 # kernel folding them as if they were the identity would rely on). A parameter is never a mask: it is learnt.
 REDRAWN_ANYWAY = ("weight", "bias", "running_mean", "running_var")
+# Buffers that are statistics of the data, with a domain of their own (a variance is positive): they keep the sign
+# they have. Every other tensor redrawn is a weight, and takes random signs.
+STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 DEVICE_DRAW_MIN_NUMEL = 1 << 26  # 64 M elements: a quarter of a second or more on a CPU
 
 
 def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> dict:
     """Fresh draws for every floating parameter and buffer (a reseed is not enough: norms init to 1 and 0).
 
-    Signs follow the original (a positive-only tensor such as a variance stays positive). Every parameter is
-    redrawn whatever its values (a `scale` or `gamma` of ones, a 0/1 scalar); a buffer of 0s and 1s is a mask,
-    structure rather than weights, and stays as it is, unless its name says it is a statistic. Tensors are drawn on the CPU, the same on every machine,
-    except those above DEVICE_DRAW_MIN_NUMEL elements, drawn on `draw_device` when given: 10⁹ parameters take
-    seconds on a CPU and milliseconds on a GPU, but a GPU's draws depend on its generator and launch shape, so
-    processes that must agree pass the same device, and such weights reproduce on that GPU model only.
+    Parameters and affine buffers take a random sign per element, whatever their initial values: trained weights
+    are often negative, and a kernel may be right only for positive ones (a maximum taken before a per-channel
+    factor; corpus: exploits/groupnorm_pool_before_signed_affine). Statistics buffers (`STATISTICS`) keep their
+    domain: one that is positive stays positive. A module defined only for positive weights (a log or a square
+    root of a parameter) fails on such a set, and the judge skips it as invalid with the reference's failure as
+    evidence, as it does for inputs. Every parameter is redrawn whatever its values (a `scale` or `gamma` of
+    ones, a 0/1 scalar); a buffer of 0s and 1s is a mask, structure rather than weights, and stays as it is,
+    unless its name says it is a statistic. Tensors are drawn on the CPU, the same on every machine, except
+    those above DEVICE_DRAW_MIN_NUMEL elements, drawn on `draw_device` when given: 10⁹ parameters take seconds on
+    a CPU and milliseconds on a GPU, but a GPU's draws depend on its generator and launch shape, so processes
+    that must agree pass the same device, and such weights reproduce on that GPU model only.
     """
     state = {}
     parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
@@ -76,14 +84,27 @@ def rerandomized_state(model: torch.nn.Module, seed: int, draw_device=None) -> d
             state[name] = value
             continue
         generator = torch.Generator(device=device).manual_seed(derive_seed(str(seed), "param", index, name))
-        spread = float(original.std()) if original.numel() > 1 else 0.0
-        scale = spread if spread > 0 else (float(original.abs().mean()) or 0.1)
-        if bool((original > 0).all()):
-            fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator, device=device))
-        else:
-            fresh = torch.randn(original.shape, generator=generator, device=device) * scale
+        fresh = _redraw(original, generator, signed=not name.endswith(STATISTICS))
         state[name] = fresh.to(dtype=value.dtype, device=value.device)
     return state
+
+
+def _redraw(original: torch.Tensor, generator: torch.Generator, *, signed: bool) -> torch.Tensor:
+    """New values on the original's scale: around its mean where it is all positive (times a random sign per
+    element when `signed`, both signs present in any tensor of two elements or more), else normal with its
+    spread."""
+    device = original.device
+    if bool((original > 0).all()):
+        fresh = original.mean() * (0.5 + torch.rand(original.shape, generator=generator, device=device))
+        if signed:
+            negative = torch.rand(original.shape, generator=generator, device=device) < 0.5
+            if original.numel() > 1 and bool(negative.all() | ~negative.any()):
+                negative.view(-1)[0] = ~negative.view(-1)[0]  # two elements or more: both signs, always
+            fresh = torch.where(negative, -fresh, fresh)
+        return fresh
+    spread = float(original.std()) if original.numel() > 1 else 0.0
+    scale = spread if spread > 0 else (float(original.abs().mean()) or 0.1)
+    return torch.randn(original.shape, generator=generator, device=device) * scale
 
 
 def in_protocol_mode(candidate: torch.nn.Module, train: bool) -> torch.nn.Module:
