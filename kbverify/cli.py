@@ -251,28 +251,24 @@ def audit(tasks: Path = typer.Argument(..., help="a task file or folder"),
                           retry_per_gpu=retry_per_gpu, footprints=footprints, peaks=peaks, shard=shard, claims=claims)
     hidden_dirs = validate.hidden_folders(hidden_tests)
     given = dict(levels=levels, seeds=seeds, timeout_s=timeout, hidden_shapes=False if no_hidden else None,
-                 fresh=fresh or None, gpus=gpus, per_gpu=per_gpu, memory_budget_gib=memory_budget_gib,
-                 memory_factor=memory_factor, footprints=footprints, peaks=peaks, mps=mps, retry_per_gpu=retry_per_gpu,
-                 estimate_only=estimate_only or None, report_only=report_only or None,
-                 compare_published=published or None, shard=shard, claims=claims)
-    # how the options go together, checked before a worker starts (the device given, not yet resolved, only
-    # changes a default); then again with the device the workers see
-    audit_options(tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests,
-                  hidden_dirs=hidden_dirs, verbose=verbose, given=dict(given))
+                 fresh=fresh or None, gpus=gpus, per_gpu=per_gpu, memory_budget_gib=memory_budget_gib, mps=mps,
+                 memory_factor=memory_factor, footprints=footprints, peaks=peaks, retry_per_gpu=retry_per_gpu,
+                 estimate_only=estimate_only or None, report_only=report_only or None, shard=shard, claims=claims,
+                 compare_published=published or None)
+    common = dict(tasks=tasks, out=out, protocol=protocol, hidden_tests=hidden_tests, hidden_dirs=hidden_dirs,
+                  verbose=verbose)
+    # how the options go together, checked before a worker starts; then with the device the workers see
+    audit_options(device=device, given=dict(given), **common)
     _start_workers(timing=False)  # audit workers never time the interleaved way
     device = jobs.resolve_device(device)
-    options = audit_options(tasks=tasks, out=out, device=device, protocol=protocol, hidden_tests=hidden_tests,
-                            hidden_dirs=hidden_dirs, verbose=verbose, given=given)
+    options = audit_options(device=device, given=given, **common)
     if options is not None:
         result = run_audit_options(options)
     else:
         with Reporter() as progress:
             result = jobs.run_audit(tasks, protocols=protocol, out=out, device=device, hidden_dirs=hidden_dirs,
                                     progress=progress)
-    if json_out and result["json"] is not None:
-        _emit(result["json"])
-    else:
-        sys.stdout.write(result["text"])
+    _emit(result["json"]) if json_out and result["json"] is not None else sys.stdout.write(result["text"])
 
 
 @hidden_app.command("generate")

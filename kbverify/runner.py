@@ -20,7 +20,7 @@ from pathlib import Path
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
 from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, toolchain
-from kbverify.channel import handover_strays, marker_names
+from kbverify.channel import handover_strays, marker_names, write_marker
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import derive_seed, new_run_secret
 from kbverify.protocols import Protocol
@@ -31,6 +31,7 @@ from kbverify.status import Status
 from kbverify.submissions import Submission
 from kbverify.tasks import Task
 from kbverify.timing_verdict import decide_timing
+from kbverify.toolchain import build_env
 
 log = logging.getLogger(__name__)
 
@@ -72,30 +73,6 @@ class _Context:
 
     def hang(self, pace=None):
         return hang_module.HangBudget(self.options.hang_floor_s, self.options.hang_factor, self.reference_call_s, pace)
-
-
-def default_build_cache() -> Path:
-    return Path(os.environ.get("KBVERIFY_CACHE", Path.home() / ".cache" / "kbverify")) / "builds"
-
-
-def build_env(submission: Submission, options: CheckOptions) -> dict:
-    """Builds are keyed by the submission's content hash: same-named extensions of two submissions never meet."""
-    builds = options.build_cache or default_build_cache()
-    builds.mkdir(parents=True, exist_ok=True)
-    # closed to other users: a job of its own uid is then let through to its own folders alone (confine), where an
-    # open cache showed it every other submission's generated code and compiled kernels
-    if builds.stat().st_mode & 0o077 and builds.stat().st_uid == os.geteuid():
-        builds.chmod(0o700)
-    root = builds / submission.sha256[:20]
-    root.mkdir(parents=True, exist_ok=True)
-    # inductor's cache too: without it each process of a torch.compile submission compiled it afresh in its own
-    # scratch (18 s of a 21 s child on a CPU); kept with the submission's builds, it is only ever its own
-    env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-           "MAX_JOBS": str(options.max_jobs or os.environ.get("MAX_JOBS") or max(1, os.cpu_count() or 1))}
-    if not options.device.startswith("cuda"):
-        env["TRITON_INTERPRET"] = "1"
-    return env
 
 
 def check(task: Task, submission: Submission, protocol: Protocol, options: CheckOptions, *,
@@ -206,7 +183,7 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
     second = (second[0], {**second[1], "markers": {"candidate_ended": markers["candidate_ended"]}})
 
     def marker(name):
-        return lambda: _write_marker(os.path.join(outdir, name))
+        return lambda: write_marker(os.path.join(outdir, name))
 
     pace = hang_module.ReferencePace()  # the judge's phases: how long the reference's own work takes
     # Correctness workers of units sharing a GPU run on the run's MPS daemon, if any, so their kernels overlap;
@@ -222,21 +199,6 @@ def _run_pair(context: _Context, first: tuple[str, dict], second: tuple[str, dic
     for spec, outcome in zip(specs, outcomes):
         _note_child(context, spec.job, outcome)
     return [_unclaimed(outcome) for outcome in outcomes]
-
-
-def _write_marker(path: str) -> None:
-    """The hand-over folder is the candidate's to write: a name it planted as a link must not lead this process
-    (which may run as root) to truncate what the link points to."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except (IsADirectoryError, PermissionError):
-        shutil.rmtree(path, ignore_errors=True)
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    except OSError as error:
-        log.warning("could not mark %s: %s", path, error)
 
 
 def _died(outcome: ChildOutcome, party: str, device: str) -> tuple[Status, str]:

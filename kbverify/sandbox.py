@@ -25,11 +25,10 @@ from pathlib import Path
 
 from kbverify import channel, confine, disk_bound, supervisor
 from kbverify.errors import InfrastructureError, InputError
+from kbverify.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, bound_log, read_tail  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-OUTPUT_HEAD_BYTES = 16 * 1024
-OUTPUT_CAP_BYTES = 4 * 1024 * 1024  # the log file is truncated past this; only head and tail are kept
 _POLL_S = 0.05
 
 _context = None
@@ -288,7 +287,7 @@ class _Running:
         """Take in whatever the child has sent within timeout_s; False once the channel is closed."""
         if self.closed:
             return False
-        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
+        self.head, self.dropped = bound_log(self.log_path, self.head, self.dropped)
         try:
             while self.channel.poll(timeout_s):
                 if self.messages.take(self.channel.recv_bytes()):
@@ -326,7 +325,7 @@ class _Running:
         if self.outcome is not None:
             return True
         self.read(0)
-        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
+        self.head, self.dropped = bound_log(self.log_path, self.head, self.dropped)
         if self.process.is_alive():
             if time.monotonic() - self.started <= self.spec.timeout_s and not self.stalled():
                 return False
@@ -346,8 +345,8 @@ class _Running:
         self.process.join(5)
         self.read(0)
         wall_s = time.monotonic() - self.started
-        self.head, self.dropped = _bound_log(self.log_path, self.head, self.dropped)
-        tail = _read_tail(self.log_path, self.head)
+        self.head, self.dropped = bound_log(self.log_path, self.head, self.dropped)
+        tail = read_tail(self.log_path, self.head)
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.outcome = self.messages.outcome(
             timed_out=self.timed_out, output_head=self.head.decode(errors="replace"), output_tail=tail,
@@ -475,35 +474,6 @@ def _kill_group(pid: int | None) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _bound_log(path: Path, head: bytes, dropped: int) -> tuple[bytes, int]:
-    """Keep the first OUTPUT_HEAD_BYTES forever and let the file grow to the cap, then cut it (O_APPEND)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return head, dropped
-    if len(head) < OUTPUT_HEAD_BYTES and size > len(head):
-        with open(path, "rb") as handle:
-            head = handle.read(OUTPUT_HEAD_BYTES)
-    if size > OUTPUT_CAP_BYTES:
-        os.truncate(path, 0)
-        dropped += size
-    return head, dropped
-
-
-def _read_tail(path: Path, head: bytes, limit: int = OUTPUT_HEAD_BYTES) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            tail = handle.read()
-    except FileNotFoundError:
-        return ""
-    if tail == head[-len(tail):] and len(tail) <= len(head):
-        return ""
-    return tail.decode(errors="replace")
 
 
 def _is_number(value) -> bool:

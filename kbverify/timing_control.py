@@ -14,7 +14,6 @@ the check runs in a process without submission code (kbverify.child.timing_check
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random

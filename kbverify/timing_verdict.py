@@ -49,10 +49,8 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     warnings = list(verdict.warnings)
     status, message = verdict.status, verdict.message
     if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
-        # the clean check's record; stores made before it was kept apart have it inside the worker's record
-        timed_outputs = verdict.timing.get("timed_outputs") or record.get("stale") or {}
-        status, message, extra = _timing_guards(record, timed_outputs, on_gpu, clocks["device"].ref_ms,
-                                                clocks["device"].cand_ms, protocol)
+        status, message, extra = _timing_guards(record, _timed_outputs(verdict.timing), on_gpu,
+                                                clocks["device"].ref_ms, clocks["device"].cand_ms, protocol)
         warnings += extra
         if status is Status.PASSED:
             status, message = verdict.status, verdict.message
@@ -89,6 +87,12 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def _timed_outputs(timing: dict) -> dict:
+    """The clean check's record of the timed outputs; stores made before it was kept apart hold it inside the
+    worker's record."""
+    return timing.get("timed_outputs") or timing["interleaved"].get("stale") or {}
 
 
 def _throttled(rounds: list) -> bool:

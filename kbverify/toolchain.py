@@ -13,6 +13,8 @@ import tempfile
 import threading
 import time
 
+from pathlib import Path
+
 from kbverify import confine, sandbox
 
 PROBE_TIMEOUT_S = 600.0  # a CUDA extension's first build on a busy machine
@@ -62,3 +64,27 @@ def cannot_build_here(device: str, build_env: dict | None = None, timeout_s: flo
     if outcome.timed_out:
         return f"a trivial extension did not build within {timeout_s:.0f} s"
     return result.get("error") or result.get("infrastructure_error") or f"the probe died (exit {outcome.exit_code})"
+
+
+def default_build_cache() -> Path:
+    return Path(os.environ.get("KBVERIFY_CACHE", Path.home() / ".cache" / "kbverify")) / "builds"
+
+
+def build_env(submission, options) -> dict:
+    """Builds are keyed by the submission's content hash: same-named extensions of two submissions never meet."""
+    builds = options.build_cache or default_build_cache()
+    builds.mkdir(parents=True, exist_ok=True)
+    # closed to other users: a job of its own uid is then let through to its own folders alone (confine), where an
+    # open cache showed it every other submission's generated code and compiled kernels
+    if builds.stat().st_mode & 0o077 and builds.stat().st_uid == os.geteuid():
+        builds.chmod(0o700)
+    root = builds / submission.sha256[:20]
+    root.mkdir(parents=True, exist_ok=True)
+    # inductor's cache too: without it each process of a torch.compile submission compiled it afresh in its own
+    # scratch (18 s of a 21 s child on a CPU); kept with the submission's builds, it is only ever its own
+    env = {"TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"), "TRITON_CACHE_DIR": str(root / "triton"),
+           "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+           "MAX_JOBS": str(options.max_jobs or os.environ.get("MAX_JOBS") or max(1, os.cpu_count() or 1))}
+    if not options.device.startswith("cuda"):
+        env["TRITON_INTERPRET"] = "1"
+    return env

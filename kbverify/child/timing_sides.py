@@ -16,7 +16,7 @@ import time
 import torch
 
 from kbverify.correctness import flatten_outputs
-from kbverify.inputs import derive_seed, timed_inputs
+from kbverify.inputs import timed_inputs
 
 # Captured when the worker loads, before any submission: `secrets.randbits`, `os.urandom` and `random.Random` are
 # module attributes a submission could replace to make the timed inputs or the round order predictable.
