@@ -25,6 +25,8 @@ from kbverify import stats
 CALLS_PER_SIDE = 3
 MAX_ROUNDS = 2000
 STALE_CHECKS = 24
+MIN_STALE_CHECKS = 3
+STALE_BYTES = 2 << 30  # the most the reservoir's copies may hold on disk, where that leaves MIN_STALE_CHECKS
 REPLY_SLACK_MS = 0.05  # the parent's clock reads a little after the worker's last event: rounding, not time
 UNEXPLAINED_ABS_MS = 0.005  # per call: what two batches of the same harness work may differ by systematically
 UNEXPLAINED_FRACTION = 0.1  # of the candidate's claimed time: the most its device-clock speedup may be inflated
@@ -42,20 +44,20 @@ class Reservoir:
     a kernel could cheat for most of the run and be honest at the end. Chosen here, after the worker committed."""
 
     def __init__(self, rng: random.Random):
-        self.rng, self.seen = rng, 0
+        self.rng, self.seen, self.capacity = rng, 0, STALE_CHECKS
         self.sample: dict[int, dict] = {}
         self.recent: dict[int, dict] = {}
 
     def offer(self, index: int) -> bool:
         """Whether call `index` enters the sample (then `keep` it once revealed)."""
         self.seen += 1
-        return len(self.sample) < STALE_CHECKS or self.rng.randrange(self.seen) < STALE_CHECKS
+        return len(self.sample) < self.capacity or self.rng.randrange(self.seen) < self.capacity
 
-    def keep(self, index: int, entry: dict) -> dict | None:
-        """Keep call `index`; returns the member it replaced (its copy is no longer needed), if any."""
-        evicted = None
-        if len(self.sample) >= STALE_CHECKS:
-            evicted = self.sample.pop(sorted(self.sample)[self.rng.randrange(len(self.sample))])
+    def keep(self, index: int, entry: dict) -> list:
+        """Keep call `index`; returns the members it replaced (their copies are no longer needed)."""
+        evicted = []
+        while len(self.sample) >= self.capacity:
+            evicted.append(self.sample.pop(sorted(self.sample)[self.rng.randrange(len(self.sample))]))
         self.sample[index] = entry
         return evicted
 
@@ -125,7 +127,9 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
             break
         driven.rounds.append(entry)
         deciding = time.monotonic()
-        elapsed = deciding - started
+        # the hand-over of the chosen copies is the check's cost, not the rounds': it buys no precision, and a
+        # large output's copies (tens of milliseconds to write) cut the rounds of an A/A to one (0.67x, H100)
+        elapsed = deciding - started - (checking.spent_s if checking is not None else 0.0)
         stop = all(stats.should_stop(paired_rounds(driven.rounds, kind), elapsed_s=elapsed, budget_s=budget_s,
                                      target_half_width=target_half_width, min_rounds=min_rounds)
                    for kind in kinds) or no_time_for_another_round(elapsed, len(driven.rounds), budget_s)
@@ -196,6 +200,11 @@ class _Checking:
     reservoir: Reservoir
     outdir: str
     digests: dict = field(default_factory=dict)  # call → the digest of its copy, as sent with the batch's times
+    spent: list = field(default_factory=lambda: [0.0])  # seconds spent handing over copies
+
+    @property
+    def spent_s(self) -> float:
+        return self.spent[0]
 
 
 def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
@@ -220,6 +229,7 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
         checking.digests.update({int(k): v for k, v in digests.items() if str(k).isdigit()})
         _reveal(child, seeds, first, checking, deadline, distribution=distribution)
         entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
+        checking.spent[0] += time.monotonic() - revealing
     reply = _reply(child, "batch", deadline) if timed is not None else None
     if reply is None:
         raise TimeoutError(_silence(child, f"the worker stopped answering during the {side} batch"))
@@ -249,6 +259,8 @@ def _reveal(child, seeds: list, first: int, checking: _Checking, deadline: float
     folder (the check reads the file whole, bounded), and the call's seed, which it chose."""
     reservoir = checking.reservoir
     indices = [first + offset for offset in range(len(seeds))]
+    if not everything:
+        reservoir.capacity = _capacity(checking.outdir, reservoir)
     wanted = indices if everything else [index for index in indices if reservoir.offer(index)]
     _send(child, {"op": "reveal", "calls": wanted})  # sent when empty too: the worker waits for it
     revealed = _reply(child, "reveal", deadline)
@@ -258,9 +270,27 @@ def _reveal(child, seeds: list, first: int, checking: _Checking, deadline: float
     for index in wanted:
         kept = {"seed": seeds[index - first], "distribution": distribution, "digest": checking.digests.get(index),
                 **_copy_entry(shown.get(str(index)), index, checking.outdir)}
-        evicted = (reservoir.keep_recent if everything else reservoir.keep)(index, kept)
-        if isinstance(evicted, dict) and evicted.get("file"):
-            _remove(os.path.join(checking.outdir, evicted["file"]))
+        for evicted in (reservoir.keep_recent if everything else reservoir.keep)(index, kept) or ():
+            if evicted.get("file"):
+                _remove(os.path.join(checking.outdir, evicted["file"]))
+
+
+def _capacity(outdir: str, reservoir: Reservoir) -> int:
+    """How many calls the reservoir keeps: STALE_CHECKS, fewer where the copies kept so far (their files, as this
+    process sees them) would hold more than STALE_BYTES, never fewer than MIN_STALE_CHECKS: a 1 GB output's 24
+    copies took 24 GB of the hand-over folder's disk."""
+    sizes = [_size(os.path.join(outdir, e["file"])) for e in reservoir.sample.values() if e.get("file")]
+    sizes = [size for size in sizes if size > 0]
+    if not sizes:
+        return reservoir.capacity
+    return max(MIN_STALE_CHECKS, min(STALE_CHECKS, STALE_BYTES // max(sizes)))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _copy_entry(shown, index: int, outdir: str) -> dict:

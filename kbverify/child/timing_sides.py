@@ -189,13 +189,15 @@ def snapshot(outputs: list) -> list:
     return [out.detach().clone() if type(out) is torch.Tensor else None for out in outputs]
 
 
-# splitmix64's finaliser constants, as signed 64-bit integers (torch has no unsigned 64-bit arithmetic)
-_MIX = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64))
+# The finalisers of splitmix64 and of a 32-bit hash (lowbias32), as signed integers (torch has no unsigned
+# arithmetic past 8 bits): elements of up to 4 bytes mix in 32 bits, half the memory traffic of 64.
+_MIX64 = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), (30, 27, 31))
+_MIX32 = (0x7FEB352D, 0x846CA68B - (1 << 32), (16, 15, 16))
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def digest(copies: list) -> list:
-    """Per copy: the sum over every element of a nonlinear mix of its bits, modulo 2**64 (None for no copy).
+    """Per copy: the sum over every element of a nonlinear mix of its bits, as a Python int (None for no copy).
 
     Sent with the batch's times, so it is made on the parent's clock, before the parent chooses which calls it
     checks; the clean check recomputes it from the copy it is handed. A copy changed after the choice, or made
@@ -203,17 +205,18 @@ def digest(copies: list) -> list:
     needs every element of the right output, on the clock. Order-free (integer sums wrap), so the device's
     reduction order cannot change it; nonlinear, so no shortcut through the operation (a matmul's weighted sum
     is a cheaper matmul) computes it without the output."""
-    out = []
-    for copy in copies:
-        if copy is None:
-            out.append(None)
-            continue
-        flat = copy.detach().reshape(-1)
-        bits = flat.view(_BITS.get(flat.element_size(), torch.int64)).to(torch.int64)
-        mixed = (bits ^ (bits >> 30)) * _MIX[0]
-        mixed = (mixed ^ (mixed >> 27)) * _MIX[1]
-        out.append(int((mixed ^ (mixed >> 31)).sum()))
-    return out
+    return [None if copy is None else _digest_one(copy) for copy in copies]
+
+
+def _digest_one(copy: torch.Tensor) -> int:
+    flat = copy.detach().reshape(-1)
+    size = flat.element_size()
+    bits = flat.view(_BITS.get(size, torch.int64))
+    first, second, (a, b, c) = _MIX64 if size > 4 else _MIX32
+    bits = bits.to(torch.int64 if size > 4 else torch.int32)
+    mixed = (bits ^ (bits >> a)) * first
+    mixed = (mixed ^ (mixed >> b)) * second
+    return int((mixed ^ (mixed >> c)).sum(dtype=torch.int64))
 
 
 def changed_since(copies: list, outputs: list) -> bool:
@@ -223,6 +226,8 @@ def changed_since(copies: list, outputs: list) -> bool:
             continue
         if type(out) is not torch.Tensor or out.shape != copy.shape:
             return True
+        if torch.equal(copy, out):  # one pass, no temporaries: the common case
+            continue
         with torch.no_grad():
             same = (copy == out) | (torch.isnan(copy) & torch.isnan(out)) if copy.is_floating_point() else copy == out
             if not bool(same.all()):
