@@ -19,7 +19,10 @@ a timing batch of three calls, plus the first call's one-time costs (the referen
 The reference's call time comes only from a process that ran no submission code: the judge beside the candidate
 (kbverify.child.evaluate announces `judge:<set>` when it starts a set's reference work and `judge:compare:<set>`
 when that work is done), or a run of it measured earlier in the same check. Its estimate also holds the float64
-and TF32 runs of the set, so it errs long.
+and TF32 runs of the set, so it errs long. Under `original` the one job times the baseline before the submission
+exists in its process (KernelBench's order); those phases, on the parent's clock, give the pace (BaselinePace), and
+the job announces each correctness trial and, while timed, at least once a second, so its silence is a hang. The
+verdict of a job stopped so is `timeout`, as KernelBench's own bound would give.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ FACTOR = 50.0
 
 # Phases in which submission code runs forwards (the verified pipeline's workers).
 FORWARD_PHASES = ("candidate:run", "candidate:warmup", "candidate:timing", "timing:warmup", "timing:rounds",
-                  "timing:reference")
+                  "timing:reference", "candidate:correctness")
 # Phases that keep their own bound even inside a forward phase's job: builds and loading.
 EXEMPT_PHASES = ("candidate:build", "candidate:load", "candidate:construct", "reference:load")
 
@@ -67,12 +70,36 @@ class ReferencePace:
         return max(self.call_s or 0.0, running)
 
 
+@dataclass
+class BaselinePace:
+    """The reference's speed as the `original` protocol's one job shows it before any submission code exists in it:
+    its baseline (announced `reference:timing`, ended by the next phase) makes `calls` calls after `warmup_s` of
+    device warm-up, so a call takes at most the span less the warm-up over `calls` (set-up included: it errs long).
+    Only phases announced before the job's first candidate phase reach it (kbverify.sandbox)."""
+
+    calls: int
+    warmup_s: float = 0.0
+    call_s: float | None = None
+    running_since: float | None = None
+
+    def observe(self, phase: str, now: float) -> None:
+        if phase.startswith("reference:timing"):
+            if self.running_since is None:
+                self.running_since = now
+        elif self.running_since is not None:
+            self.call_s = max(0.0, now - self.running_since - self.warmup_s) / max(1, self.calls)
+            self.running_since = None
+
+    def estimate_s(self, now: float) -> float:
+        return self.call_s or 0.0
+
+
 @dataclass(frozen=True)
 class HangBudget:
     floor_s: float = FLOOR_S
     factor: float = FACTOR
     reference_call_s: float | None = None  # known before the worker starts (an earlier trusted process's)
-    pace: ReferencePace | None = None  # learnt while the worker runs (the judge beside it)
+    pace: ReferencePace | BaselinePace | None = None  # learnt while the worker runs (the judge beside it)
 
     def allowance_s(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now

@@ -161,9 +161,16 @@ def _count_worker(context: _Context, job: str, wall_s: float | None) -> None:
 
 
 def _run(context: _Context, job: str, payload: dict, *, timeout_s: float | None = None,
-         writable: tuple = ()) -> ChildOutcome:
-    outcome = run_child(job, payload, timeout_s=timeout_s or context.options.timeout_s, device=context.options.device,
-                        env=context.env, keep_dir=context.options.keep_workdirs, writable=writable)
+         writable: tuple = (), pace=None) -> ChildOutcome:
+    """One child; with `pace` (kbverify.hang) it is also held to the hang budget that pace informs."""
+    timeout_s = timeout_s or context.options.timeout_s
+    if pace is None:
+        outcome = run_child(job, payload, timeout_s=timeout_s, device=context.options.device, env=context.env,
+                            keep_dir=context.options.keep_workdirs, writable=writable)
+    else:
+        outcome = run_children([ChildSpec(job, payload, timeout_s, context.options.device, context.env,
+                                          context.options.keep_workdirs, writable=writable, hang=context.hang(pace),
+                                          pace=pace)])[0]
     _note_child(context, job, outcome)
     return _unclaimed(outcome)
 
@@ -244,7 +251,9 @@ def _check_kernelbench(context: _Context) -> Verdict:
               "baseline_cudnn_tf32": protocol.baseline_cudnn_tf32,
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
     _look_at_gpu(context, "before")  # this one job checks and times
-    evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common))
+    # held to the hang budget, as verified is; the reference's pace is its baseline, timed before the submission
+    pace = hang_module.BaselinePace(protocol.warmup_calls + protocol.timing_trials, protocol.device_warmup_s)
+    evaluation = _run(context, "kernelbench_eval", _payload(context, baseline_first=True, **common), pace=pace)
     _look_at_gpu(context, "after")
     if evaluation.died:
         status, detail = _died(evaluation, "candidate", context.options.device)

@@ -192,7 +192,7 @@ class ChildSpec:
     writable: tuple = ()  # host folders the job may write besides its scratch (a confined job sees the rest read-only)
     conversation: object = None  # called as conversation(child) once the child runs: sends commands, reads replies
     hang: object = None  # a kbverify.hang.HangBudget: no progress for longer in a forward phase is a timeout
-    pace: object = None  # a kbverify.hang.ReferencePace this child's phases inform (a judge's: no submission code)
+    pace: object = None  # a kbverify.hang pace that this child's trusted phases inform (kbverify.hang)
 
 
 def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
@@ -292,7 +292,8 @@ class _Running:
             while self.channel.poll(timeout_s):
                 if self.messages.take(self.channel.recv_bytes()):
                     self.last_progress = now = time.monotonic()
-                    if self.spec.pace is not None and not self.messages.ran_submission:
+                    if self.spec.pace is not None and not (self.messages.ran_submission
+                                                           and self.messages.submission_phase_seen):
                         self.spec.pace.observe(self.messages.last_phase, now)
                 timeout_s = 0
         except (EOFError, OSError):

@@ -5,11 +5,12 @@ keep their own bound; an honest forward that is slow once, within k × the refer
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from kbverify import hang
-from kbverify.protocols import VERIFIED
+from kbverify.protocols import ORIGINAL, VERIFIED
 from kbverify.runner import CheckOptions, check
 from kbverify.status import Status
 from kbverify.submissions import make_submission
@@ -52,6 +53,19 @@ def test_the_judges_phases_give_the_references_pace_and_a_span_under_way_counts(
     pace.observe("judge:original/x3/default/s0", 100.0)
     pace.observe("judge:compare:original/x3/default/s0", 100.1)
     assert pace.call_s == pytest.approx(0.3)  # the longest span
+
+
+def test_the_original_protocols_baseline_gives_the_references_pace():
+    pace = hang.BaselinePace(calls=103, warmup_s=0.2)
+    budget = hang.HangBudget(1.0, 50.0, pace=pace)
+    pace.observe("reference:timing", 10.0)
+    pace.observe("reference:timing", 11.0)  # announced again while it runs: the same span
+    assert budget.allowance_s(12.0) == 1.0  # nothing known until the baseline ends
+    pace.observe("reference:load", 20.5)
+    assert pace.call_s == pytest.approx(0.1)  # (10.5 s - 0.2 s of warm-up) / 103 calls
+    assert budget.allowance_s(100.0) == pytest.approx(5.0)
+    assert budget.stalled("candidate:correctness:0", 6.0, 100.0)
+    assert not budget.stalled("candidate:load", 1e6, 100.0)  # exec and construction keep their own bound
 
 
 # ---- on the CPU, through the sandbox -------------------------------------------------------------------------
@@ -131,10 +145,10 @@ OUTER_S = 120.0
 OPTIONS = CheckOptions(device="cpu", timeout_s=OUTER_S, hang_floor_s=1.0, hang_factor=50.0)
 
 
-def _check(source: str, options: CheckOptions = OPTIONS):
+def _check(source: str, options: CheckOptions = OPTIONS, protocol=PROTOCOL):
     task = parse_task(TASK, name="1_SlowReLU", level=1, problem_id=1)
     started = time.monotonic()
-    verdict = check(task, make_submission(source, id="s.py"), PROTOCOL, options)
+    verdict = check(task, make_submission(source, id="s.py"), protocol, options)
     return verdict, time.monotonic() - started
 
 
@@ -163,6 +177,22 @@ def test_an_honest_forward_slow_once_within_k_times_the_references_pace_passes()
     strict, _ = _check(SLOW_ONCE, CheckOptions(device="cpu", timeout_s=OUTER_S, hang_floor_s=1.0, hang_factor=0.0,
                                                measure_speed=False))
     assert strict.status is Status.TIMEOUT and "no progress" in strict.message, strict.message
+
+
+@pytest.mark.slow
+def test_original_ends_a_hang_within_the_hang_budget_not_the_outer_timeout():
+    source = (Path(__file__).resolve().parent / "corpus" / "faults" / "infinite_loop.py").read_text()
+    verdict, took = _check(source, protocol=ORIGINAL)
+    assert verdict.status is Status.TIMEOUT, verdict.message  # as KernelBench's own bound would say
+    assert "no progress" in verdict.message and "candidate:correctness" in verdict.message, verdict.message
+    assert took < 40, took  # the outer bound is 120 s; the budget max(1 s, 50 x the baseline's ~0.05 s call)
+
+
+@pytest.mark.slow
+def test_original_times_an_honest_forward_slow_once_within_the_budget():
+    verdict, _ = _check(SLOW_ONCE, protocol=ORIGINAL)
+    assert verdict.status is Status.PASSED, verdict.message
+    assert verdict.cand_time_ms is not None and verdict.cand_time_ms > 40  # its 100 timed calls ran, heard from
 
 
 class _ReplyArrivesDuringTheStallCheck:

@@ -23,21 +23,43 @@ SEED = 42
 ATOL = RTOL = 1e-2
 
 
+PROGRESS_EVERY_S = 1.0
+
+
+class _Heartbeat:
+    """`phase` announced again, between calls and at most every PROGRESS_EVERY_S, so the parent's hang budget
+    (kbverify.hang) sees a timed candidate make progress; never inside a measured call."""
+
+    def __init__(self, phase: str | None):
+        self.phase, self.last = phase, time.monotonic()
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self.phase is not None and now - self.last >= PROGRESS_EVERY_S:
+            announce(self.phase)
+            self.last = now
+
+
 def _timed_calls(fn, args, *, warmups: int, trials: int, device: torch.device,
-                 device_warmup_s: float = 0.0) -> list[float]:
+                 device_warmup_s: float = 0.0, progress: str | None = None) -> list[float]:
     """time_execution_with_cuda_event: synchronise after each call; events on the current stream.
 
     `device_warmup_s` > 0 (not KernelBench's behaviour) runs the model that long first, so that a GPU that idled
-    between processes is at its working clocks when the measured calls start."""
+    between processes is at its working clocks when the measured calls start. `progress`: a phase announced again
+    between calls (see _Heartbeat)."""
+    beat = _Heartbeat(progress)
     deadline = time.monotonic() + device_warmup_s
     while time.monotonic() < deadline:
         fn(*args)
         synchronize(device)
+        beat()
     for _ in range(warmups):
         fn(*args)
         synchronize(device)
+        beat()
     times_ms = []
     for _ in range(trials):
+        beat()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -199,7 +221,8 @@ def _time_candidate(custom_model, get_inputs, payload: dict, device, warmups: in
         grad = bool(payload.get("candidate_grad_enabled", True))
         with torch.set_grad_enabled(grad):
             times_ms = _timed_calls(model_new, inputs, warmups=warmups, trials=timing_trials, device=device,
-                                    device_warmup_s=float(payload.get("device_warmup_s", 0.0)))
+                                    device_warmup_s=float(payload.get("device_warmup_s", 0.0)),
+                                    progress="candidate:timing")
         record["times_ms"] = times_ms
         record["runtime_stats"] = timing_stats(times_ms)
         record["runtime_ms"] = record["runtime_stats"]["mean"]
@@ -213,7 +236,8 @@ def _run_and_check(original_model, custom_model, get_inputs, trials: int, device
     trial_seeds = [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(trials)]
     passes = 0
     with torch.no_grad():
-        for trial_seed in trial_seeds:
+        for number, trial_seed in enumerate(trial_seeds):
+            announce(f"candidate:correctness:{number}")  # each trial is progress (kbverify.hang)
             set_seed(trial_seed)
             inputs = to_device(get_inputs(), device)
             set_seed(trial_seed)
