@@ -33,13 +33,17 @@ from kbverify.submissions import load_submission, make_submission  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
 
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=1.0)}
+# Cases of the CPU corpus whose point is what a GPU does (cuDNN's nondeterminism, its clamp boundaries)
+CPU_CASES = ("honest/conv_transpose_fused_clamp_at_the_boundary.py",)
 
 
 def _cases(only: str) -> list[tuple[str, Case | None, Path, object]]:
     """(id, header or None for a task's own Model, task path, submission)."""
     out = []
     for folder in ("honest", "exploits"):
-        for path in sorted((REPO / "tests" / "gpu_corpus" / folder).glob("*.py")):
+        paths = sorted((REPO / "tests" / "gpu_corpus" / folder).glob("*.py"))
+        paths += [REPO / "tests" / "corpus" / name for name in CPU_CASES if name.startswith(folder + "/")]
+        for path in paths:
             case = read_case(path)
             out.append((case.id, case, case.task, load_submission(path)))
     for path in sorted((REPO / "tasks" / "gpu").rglob("*.py")):

@@ -48,7 +48,8 @@ TIMING_CASES_FROM_CPU_CORPUS = [read_case(REPO / "tests" / "corpus" / path) for 
     "exploits/gelu_call_counting.py", "exploits/baseline_cudnn_disabled.py", "exploits/baseline_tf32_disabled.py",
     "exploits/tamper_timers.py", "exploits/gemm_relu_bias_id_cache.py", "exploits/matmul_predictable_timed_inputs.py",
     "honest/gelu_erf.py", "honest/conv2d_unfold_gemm.py", "honest/batchnorm_two_pass.py",
-    "honest/relu_library_adds_audit_hook.py", "honest/conv_relu_bias_prescaled_in_place_load_pre_hook.py")]
+    "honest/relu_library_adds_audit_hook.py", "honest/conv_relu_bias_prescaled_in_place_load_pre_hook.py",
+    "honest/conv_transpose_fused_clamp_at_the_boundary.py")]
 
 
 def _record(kind: str, case_id: str, protocol: str, verdict: Verdict, expected: str | None = None) -> None:
