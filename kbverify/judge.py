@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kbverify import output_structure
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.inputs import InputSet
 from kbverify.protocols import Protocol
@@ -119,6 +120,9 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         # the set ran in the candidate's process and the judge got nothing for it: whatever stopped the hand-over
         # (its own code, a file it planted) was on the candidate's side, since the judge's needed nothing of it
         return Status.EXPLOIT_TAMPER, "the candidate ran this set but handed over no output for it"
+    structure = output_structure.difference(ref.get("ref_structure"), cand.get("structure"))
+    if structure:  # the output's containers are part of its answer (kbverify.output_structure)
+        return Status.SHAPE_MISMATCH, "output structure: " + structure
     return _compared(cand, ref, protocol)
 
 

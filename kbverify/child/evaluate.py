@@ -9,6 +9,7 @@ import gc
 from dataclasses import dataclass
 import torch
 
+from kbverify import output_structure
 from kbverify.child import guards
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.child.exact import (checked_call as _call, fp64_truth, moved_spreads, over_plain_limits,
@@ -309,8 +310,11 @@ def _run_set(candidate, namespace, input_set, device, outdir, guarded) -> dict:
     try:
         if guarded:
             guards.poison_allocator(device, POISON_NAN, 2 * input_bytes + (64 << 20))
-        first = flatten_outputs(_call(candidate, inputs, call_seed))
+        raw = _call(candidate, inputs, call_seed)
         synchronize(device)
+        entry["structure"] = output_structure.describe(raw)  # the judge compares it with the reference's
+        first = flatten_outputs(raw)
+        del raw
     except BaseException as error:  # noqa: BLE001
         return {"error": short_error(error), "traceback": format_traceback(error), "fatal": is_cuda_fatal(error)}
     entry["mutated_inputs"] = guards.changed_inputs(pristine, inputs)
@@ -403,9 +407,9 @@ def judge_call(model, inputs, call_seed: int, device, exact_flags, want_baseline
     protocol's rule to it (kbverify.correctness.judge_set)."""
     pristine = clone_inputs(inputs)
     set_tf32(matmul=exact_flags[0], cudnn=exact_flags[1])
-    reference, draws_random = _reference_call(model, inputs, call_seed, device)
+    reference, draws_random, structure = _reference_call(model, inputs, call_seed, device)
     synchronize(device)
-    entry: dict = {"valid": True}
+    entry: dict = {"valid": True, "ref_structure": structure}
     entry["ref_mutates_inputs"] = guards.changed_inputs(pristine, inputs)
     entry["ref_outputs"] = guards.inspect_outputs(reference, inputs)
     entry["ref_dtypes"] = [str(t.dtype) for t in reference if isinstance(t, torch.Tensor)]
@@ -451,15 +455,16 @@ def judge_call(model, inputs, call_seed: int, device, exact_flags, want_baseline
     return entry
 
 
-def _reference_call(model, inputs, call_seed: int, device) -> tuple[list, bool]:
-    """The reference's outputs, as `_call` makes them, and whether its forward drew from the CPU or the device's
-    random generator."""
+def _reference_call(model, inputs, call_seed: int, device) -> tuple[list, bool, object]:
+    """The reference's outputs, as `_call` makes them, whether its forward drew from the CPU or the device's
+    random generator, and its output's structure (kbverify.output_structure)."""
     set_seed(call_seed)
     before = _generator_states(device)
     with torch.no_grad():
-        outputs = flatten_outputs(model(*inputs))
+        raw = model(*inputs)
     after = _generator_states(device)
-    return outputs, any(not torch.equal(a, b) for a, b in zip(before, after))
+    return flatten_outputs(raw), any(not torch.equal(a, b) for a, b in zip(before, after)), \
+        output_structure.describe(raw)
 
 
 def _generator_states(device) -> list:
