@@ -61,7 +61,7 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
           verbose: bool = typer.Option(False, "-v", "--verbose")):
     """Verify one submission (or a folder of them) against its task."""
     _setup_logging(verbose)
-    from kbverify import jobs, present, runner, task_probe, validate
+    from kbverify import jobs, present, runner, validate
 
     request = validate.check(submission=submission, task=task, protocol=protocol, device=device,
                              hidden_tests=hidden_tests, only=only, min_speedup=min_speedup, secret=secret,
@@ -72,9 +72,7 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
                                   only=request.only, timeout_s=request.timeout_s, secret=request.secret,
                                   hang_floor_s=hang_floor)
     rejected = False
-    for candidate in request.submissions:
-        verdicts = {p.name: task_probe.judge(runner.check, request.task, candidate, p, options)
-                    for p in request.protocols}
+    for candidate, verdicts in _judged(request, options):
         for verdict in verdicts.values():
             reached = request.min_speedup is None or (verdict.speedup is not None
                                                       and verdict.speedup >= request.min_speedup)
@@ -85,6 +83,26 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
         else:
             sys.stdout.write(present.render_check(request.task.name, candidate.id, list(verdicts.values())))
     raise typer.Exit(1 if rejected else 0)
+
+
+def _judged(request, options) -> list:
+    """Every (submission, {protocol: verdict}) of a check, with progress on stderr (kbverify.check_progress): in a
+    log a line per step and at least every 20 s. Returned whole, so stdout is written once the live bar is gone."""
+    from kbverify import check_progress, runner, task_probe
+    from kbverify.progress import Reporter
+
+    judged = []
+    with Reporter() as reporter, check_progress.watching(
+            reporter, total=len(request.submissions) * len(request.protocols), device=options.device) as watcher:
+        watcher.plan([p.name for p in request.protocols], len(request.submissions))
+        for candidate in request.submissions:
+            verdicts = {}
+            for p in request.protocols:
+                with watcher.verdict(candidate.id, p.name):
+                    verdicts[p.name] = task_probe.judge(runner.check, request.task, candidate, p, options)
+                    watcher.finished(verdicts[p.name].status.value)
+            judged.append((candidate, verdicts))
+    return judged
 
 
 @app.command()

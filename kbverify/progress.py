@@ -1,9 +1,10 @@
-"""Progress of long work (`rescore`, `demo`, `audit`), shown to whoever watches it.
+"""Progress of long work (`check`, `rescore`, `demo`, `audit`), shown to whoever watches it.
 
 The library reports `Progress` events to a callable it is given and never prints; the command line creates the one
 `Reporter` that shows them on stderr. In a terminal that is a live bar (rich). Anywhere else (stderr piped, a CI
 log) it is a plain line at every phase change (builds included) and at least every `HEARTBEAT_S` seconds while a
-phase runs, each with the counts, the rate and an estimate of the time left that names where the work runs.
+phase runs, each with the counts, the rate and an estimate of the time left that names where the work runs. A
+phase that names its step (`check`: the worker and the kind of phase it runs) gets a line at each new step too.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Callable, Mapping, Sequence, TextIO
 
 from kbverify.present import shorten
 
-# Below the 30 s a log reader may wait, with room for a loaded machine's scheduling.
+# Below the 30 s a log reader may wait: the longest gap between two lines, which the heartbeat keeps by writing
+# TICK_MARGIN_S early (a loaded machine's scheduling).
 HEARTBEAT_S = 20.0
-_NOUNS = {"start": "units planned", "build": "native builds", "evaluate": "units", "audit": "tasks"}
+TICK_MARGIN_S = 0.5
+_NOUNS = {"start": "units planned", "build": "native builds", "evaluate": "units", "audit": "tasks",
+          "check": "verdicts"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Progress:
     device: str = "cpu"  # where the phase's work runs: "cpu", "cuda:0"; builds run on CPU cores
     workers: int = 1  # how many items run side by side (devices, build processes, evaluating threads)
     devices: int | None = None  # how many devices the items run on; None: one per worker
+    step: str = ""  # what the phase does now (`check`); a new step is a line of its own
 
 
 def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int],
@@ -88,6 +93,8 @@ def describe(event: Progress, *, phase_s: float, left_s: float | None, width: in
         if event.done and phase_s > 0:
             parts.append(f"{60 * event.done / phase_s:.1f}/min")
         parts.append(_left_text(left_s, event))
+    if event.step:
+        parts.append(f"now: {shorten(event.step, width)}")
     if event.last:
         parts.append(f"last: {shorten(event.last, width)}")
     return " · ".join(parts)
@@ -155,7 +162,7 @@ class Reporter:
             elif new_phase and event.phase == "start":
                 # said only if the next phase is slow to come: an input error found meanwhile stays one line
                 self._last_line_at = now
-            elif new_phase or (_finished(event) and phase.printed is not event):
+            elif new_phase or (_finished(event) and phase.printed is not event) or _new_step(phase.printed, event):
                 self._write(now, event.phase)
 
     def close(self) -> None:
@@ -206,16 +213,26 @@ class Reporter:
     def _tick(self) -> None:
         """Live: refresh the estimates every second. Plain: a line per running phase whenever none was written for
         heartbeat_s."""
-        while not self._stop.wait(1.0 if self.live else min(1.0, self.heartbeat_s / 4)):
+        wait_s = min(1.0, self.heartbeat_s / 4)
+        while not self._stop.wait(wait_s):
             with self._lock:
-                now = self.clock()
-                if self.live:
-                    for name in self._phases:
-                        self._show_live(name, False)
-                elif now - self._last_line_at >= self.heartbeat_s:
-                    running = [name for name, phase in self._phases.items() if not _finished(phase.event)]
-                    for name in running or [self._event.phase]:
-                        self._write(now, name)
+                wait_s = self.beat()
+
+    def beat(self) -> float:
+        """One tick (under the lock): live, refresh the bars; plain, a line per running phase once none was written
+        for heartbeat_s (less TICK_MARGIN_S). Returns how long to wait for the next tick."""
+        now = self.clock()
+        if self.live:
+            for name in self._phases:
+                self._show_live(name, False)
+            return 1.0
+        due = self._last_line_at + self.heartbeat_s - min(TICK_MARGIN_S, self.heartbeat_s / 4)
+        if now >= due:
+            running = [name for name, phase in self._phases.items() if not _finished(phase.event)]
+            for name in running or [self._event.phase]:
+                self._write(now, name)
+            due = now + self.heartbeat_s - min(TICK_MARGIN_S, self.heartbeat_s / 4)
+        return max(0.01, min(1.0, due - now))
 
     def _show_live(self, name: str, new_phase: bool) -> None:
         from rich.console import Console
@@ -256,6 +273,10 @@ class _Phase:
         self.event_at = started_at
         self.printed: Progress | None = None
         self.task = None  # its bar's row, live
+
+
+def _new_step(printed: Progress | None, event: Progress) -> bool:
+    return bool(event.step) and (printed is None or printed.step != event.step)
 
 
 def _finished(event: Progress) -> bool:

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbverify import channel, confine, disk_bound, supervisor
+from kbverify import channel, check_progress, confine, disk_bound, supervisor
 from kbverify.errors import InfrastructureError, InputError
 from kbverify.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, bound_log, read_tail  # noqa: F401
 
@@ -265,6 +265,7 @@ class _Running:
                 name=WORKER_NAME, daemon=False)
             self.process.start()
             self.start_s = time.monotonic() - self.started
+            check_progress.child_started(spec.job)
         except OSError as error:
             self._remove_dirs(keep_workdir=False)
             raise InfrastructureError(f"cannot start a worker process: {error}") from None
@@ -290,8 +291,11 @@ class _Running:
         self.head, self.dropped = bound_log(self.log_path, self.head, self.dropped)
         try:
             while self.channel.poll(timeout_s):
+                phase = self.messages.last_phase
                 if self.messages.take(self.channel.recv_bytes()):
                     self.last_progress = now = time.monotonic()
+                    if self.messages.last_phase != phase:
+                        check_progress.child_phase(self.spec.job, self.messages.last_phase)
                     if self.spec.pace is not None and not (self.messages.ran_submission
                                                            and self.messages.submission_phase_seen):
                         self.spec.pace.observe(self.messages.last_phase, now)

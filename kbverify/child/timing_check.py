@@ -56,9 +56,14 @@ def timing_check_job(payload: dict) -> dict:
             inputs = timed_inputs(namespace, int(check["seed"]), str(check.get("distribution") or "x1"), device)
             path = os.path.join(outdir, os.path.basename(str(check["file"])))
             read = _Committed(path, device, check.get("digest"))
-            judged = judge_call(reference, inputs, derive_seed(secret, "rng", index), device, exact_flags,
-                                want_baseline, want_fp64, read, derive_seed(secret, "nudge", "timed", index),
-                                phase=f"timing:check:{index}")
+            call = lambda fp64: judge_call(  # noqa: E731
+                reference, inputs, derive_seed(secret, "rng", index), device, exact_flags, want_baseline, fp64, read,
+                derive_seed(secret, "nudge", "timed", index), phase=f"timing:check:{index}")
+            # the float64 runs only where the fp32 comparison leaves the verdict open: most calls are within any
+            # protocol's limits, and the exact answer would cost each of them another reference run or more
+            judged = call(False)
+            if want_fp64 and not _plainly_within(judged.get("comparison")):
+                judged = call(True)
             entry.update({key: judged[key] for key in KEPT if key in judged})
             if read.uncommitted:
                 entry["not_committed"] = True
@@ -84,6 +89,16 @@ class _Committed:
             raise ValueError("the copy of the timed output is not a list of tensors")
         self.uncommitted = digest(copies) != self.committed
         return copies
+
+
+def _plainly_within(comparison: dict | None) -> bool:
+    """Within 1e-4 element-wise and norm-wise against the fp32 reference, finite where it is: within the limits of
+    every protocol (the strictest uses 1e-4), whatever the exact answer would add."""
+    parts = (comparison or {}).get("outputs")
+    if not parts:
+        return False
+    return all("grid" in part and not part["nonfinite_mismatch"] and part["grid"][repr(1e-4)]["max_ratio"] <= 1.0
+               and part["norm_rel"] <= 1e-4 for part in parts)
 
 
 def _kinds(signature) -> list | None:
