@@ -75,10 +75,10 @@ class CheckWatcher:
             yield
         finally:
             _WATCHER.reset(token)
-            self.durations[protocol].append(self.clock() - self.started_at)
-            self.pending[protocol] = max(0, self.pending[protocol] - 1)
-            self.done += 1
             self.unit = ""
+        self.durations[protocol].append(self.clock() - self.started_at)
+        self.pending[protocol] = max(0, self.pending[protocol] - 1)
+        self.done += 1
 
     def finished(self, status: str) -> None:
         """What the verdict just ended with, shown as the line's `last`."""
@@ -99,10 +99,9 @@ class CheckWatcher:
 
 @contextlib.contextmanager
 def watching(report: Callable[[Progress], None] | None, *, total: int, device: str) -> Iterator[CheckWatcher]:
-    """A watcher for a check of `total` verdicts; its final event (every verdict done) is reported on leaving."""
+    """A watcher for a check of `total` verdicts; its final event (every verdict done) is reported on leaving, unless
+    the check failed (its error is then the last line)."""
     watcher = CheckWatcher(report or (lambda event: None), total=total, device=device)
-    try:
-        yield watcher
-    finally:
-        if watcher.done:
-            watcher.report(watcher.event())
+    yield watcher
+    if watcher.done:
+        watcher.report(watcher.event())
