@@ -34,9 +34,12 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _start_workers(*, timing: bool) -> None:
-    """The worker server, started once the input is known to be good (its torch import overlaps what follows)."""
+    """The worker server, started once the input is known to be good (its torch import overlaps what follows); and
+    the MPS daemons earlier commands left ended first (kbverify.mps_lifetime), or each said in one line."""
+    from kbverify.mps_lifetime import end_stale
     from kbverify.sandbox import start_early
 
+    end_stale()
     start_early(timing=timing)
 
 

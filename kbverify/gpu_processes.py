@@ -21,6 +21,8 @@ import re
 import shutil
 import subprocess
 
+from kbverify import mps_lifetime
+
 log = logging.getLogger(__name__)
 
 APPS_QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader"]
@@ -41,7 +43,8 @@ def check(device: str, when: str, *, ours_env: dict | None = None) -> dict:
     command}]}`, or `{"when", "checked": False, "reason"}` where it could not be asked or answered unreadably
     (never a silent pass). `ours_env`: a process whose environment holds all of these is ours too: the run's
     private MPS server (`kbverify.mps`), which the daemon starts outside our process tree, with the daemon's
-    environment and so its private pipe folder, which no other process on the machine is given."""
+    environment and so its private pipe folder, which no other process on the machine is given. Any process marked as
+    this command's MPS daemon's (kbverify.mps_lifetime) is ours too."""
     if not device.startswith("cuda"):
         return {"when": when, "checked": False, "reason": f"the device is {device}, not a GPU"}
     if shutil.which("nvidia-smi") is None:
@@ -53,11 +56,12 @@ def check(device: str, when: str, *, ours_env: dict | None = None) -> dict:
         log.warning("could not tell which processes hold %s: %s", device, error)
         return {"when": when, "checked": False, "reason": str(error)}
     ours_all = descendants(os.getpid())
+    own_daemon = {mps_lifetime.OWNER_VAR: mps_lifetime.owner_token()}  # this command's MPS daemon and servers
     ours, foreign = [], []
     for pid, used_mib, gpu_uuid in apps:
         if gpu_uuid != uuid:
             continue
-        if pid in ours_all or (ours_env and _has_env(pid, ours_env)):
+        if pid in ours_all or (ours_env and _has_env(pid, ours_env)) or _has_env(pid, own_daemon):
             ours.append(pid)
         else:
             foreign.append({"pid": pid, "used_mib": used_mib, "command": _command(pid)})

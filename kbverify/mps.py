@@ -6,8 +6,9 @@ run side by side. Only throughput changes: every kernel computes what it compute
 
 The daemon is this run's own. Its pipe and log folders are private (CUDA_MPS_PIPE_DIRECTORY and
 CUDA_MPS_LOG_DIRECTORY, set only in the environment given to the copies), so no other process on the machine
-connects to it, and it is told to quit when the copies are done. The GPU's compute mode and settings are not
-touched. Where the control program is missing, or a probe process does not end up on an MPS server, the copies
+connects to it, and it is told to quit when the copies are done, or, however the command ends, by its watchdog
+(kbverify.mps_lifetime), which also ends a daemon an earlier command left. The GPU's compute mode and settings are
+not touched. Where the control program is missing, or a probe process does not end up on an MPS server, the copies
 run as before and the state says why.
 """
 
@@ -22,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kbverify import mps_lifetime
 
 log = logging.getLogger(__name__)
 
@@ -54,31 +57,35 @@ def private_mps(folder: Path, *, probe: Sequence[str] | None = None, control: st
     extra = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
     for path in extra.values():
         Path(path).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **extra}
+    mps_lifetime.end_stale(binary)
+    env = {**os.environ, **extra, mps_lifetime.OWNER_VAR: mps_lifetime.owner_token()}
+    watchdog = mps_lifetime.Watchdog(binary, env)  # before the daemon: no moment where it could be left
     started = _run([binary, "-d"], env, CONTROL_TIMEOUT_S)
     if started.returncode != 0:
+        watchdog.stand_down()
         yield MpsState(False, f"{control} -d exited {started.returncode}: {_tail(started)}")
         return
     try:
         state = _probe(binary, env, extra, DEFAULT_PROBE if probe is None else probe)
     except BaseException:  # a SIGTERM (`timeout`) while probing: the daemon must not outlive the run
-        _quit(binary, env, control)
+        _quit(binary, env, control, watchdog)
         raise
     log.info("%s", state.describe())
     if not state.used:  # the copies run without it: no daemon left behind
-        _quit(binary, env, control)
+        _quit(binary, env, control, watchdog)
         yield state
         return
     try:
         yield state
     finally:
-        _quit(binary, env, control)
+        _quit(binary, env, control, watchdog)
 
 
-def _quit(binary: str, env: dict, control: str) -> None:
+def _quit(binary: str, env: dict, control: str, watchdog) -> None:
     done = _run([binary], env, CONTROL_TIMEOUT_S, stdin="quit\n")
     if done.returncode != 0:
         log.warning("%s quit exited %d: %s", control, done.returncode, _tail(done))
+    watchdog.stand_down(quit_done=done.returncode == 0)
 
 
 def _probe(binary: str, env: dict, extra: dict, probe: Sequence[str]) -> MpsState:

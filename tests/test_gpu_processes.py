@@ -191,3 +191,23 @@ def test_the_runs_own_mps_server_is_not_foreign_though_it_is_no_descendant(smi, 
         os.kill(server, 9)
     assert ours["ours"] == [server] and ours["foreign"] == []
     assert [p["pid"] for p in other["foreign"]] == [server]
+
+
+def test_this_commands_mps_daemon_is_ours_and_one_an_earlier_command_left_is_foreign(smi):
+    """The daemon's processes carry their command's mark (kbverify.mps_lifetime): this command's are ours without
+    being told its pipe folder; a leftover of a command that is gone is not."""
+    from kbverify import mps_lifetime
+
+    def server(owner: str) -> int:
+        started = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                                 check=True, env={**os.environ, mps_lifetime.OWNER_VAR: owner})
+        return int(started.stdout.strip())
+
+    own, left = server(mps_lifetime.owner_token()), server("1:0")
+    try:
+        smi(f"{own}, 300 MiB, GPU-aaaa-0000\n{left}, 300 MiB, GPU-aaaa-0000\n")
+        record = gpu_processes.check("cuda:0", "before")
+    finally:
+        os.kill(own, 9)
+        os.kill(left, 9)
+    assert record["ours"] == [own] and [p["pid"] for p in record["foreign"]] == [left]

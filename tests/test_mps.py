@@ -153,3 +153,94 @@ def test_a_run_cut_while_probing_still_tells_the_daemon_to_quit(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 128 + signal.SIGTERM
     assert _calls(tmp_path) == ["start", "quit"]
+
+
+def _fake_daemon_control(folder: Path) -> Path:
+    """A stand-in whose `-d` leaves a daemon behind (a `sleep` with the caller's environment, as the real daemon
+    has) and whose `quit` ends it; every call is appended to calls.txt."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / CONTROL
+    script.write_text(
+        "#!/bin/sh\n"
+        f'calls="{folder}/calls.txt"\n'
+        'if [ "$1" = "-d" ]; then\n'
+        '  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"\n'
+        f'  setsid sleep 300 >/dev/null 2>&1 < /dev/null & echo $! > "{folder}/daemon.pid"\n'
+        "  exit 0\n"
+        "fi\n"
+        "read command\n"
+        'echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$calls"\n'
+        f'[ "$command" = "get_server_list" ] && echo 4242\n'
+        f'[ "$command" = "quit" ] && kill "$(cat "{folder}/daemon.pid")" 2>/dev/null\n'
+        "exit 0\n")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def _marked_with(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes() if name.isdigit() else b""
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0] if environ else "Z"
+        except OSError:
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(name))
+    return found
+
+
+@pytest.mark.serial  # it bounds how long the daemon takes to go: alone on the machine (.ci/run)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+def test_the_daemon_of_a_command_killed_any_way_is_gone_within_5_s(tmp_path, signum):
+    """No unwinding reaches a daemonised MPS control daemon (SIGKILL unwinds nothing; rescore has no handler): its
+    watchdog (kbverify.mps_lifetime) sees the command go and tells it to quit, then kills what carries the mark."""
+    bin_dir = _fake_daemon_control(tmp_path)
+    marker = f"KBV_MPS_LIFETIME_{os.getpid()}_{signum}"
+    code = textwrap.dedent(f"""\
+        import time
+        from kbverify.mps import private_mps
+        with private_mps({str(tmp_path / 'mps')!r}, probe={PROBE_NEEDS_THE_PIPE!r}) as state:
+            assert state.used, state.reason
+            print("inside", flush=True)
+            time.sleep(300)
+        """)
+    process = subprocess.Popen([sys.executable, "-c", code], env={**_env(bin_dir), marker: "1"}, cwd=REPO,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "inside"
+        daemon = int((tmp_path / "daemon.pid").read_text())
+        assert daemon in _marked_with(marker)  # the daemon carries the command's environment, as the real one does
+        process.send_signal(signum)
+        killed_at = time.monotonic()
+        process.wait(timeout=30)
+        while _marked_with(marker) and time.monotonic() - killed_at < 5.0:
+            time.sleep(0.05)
+        assert _marked_with(marker) == [], _marked_with(marker)  # daemon and watchdog both gone
+        assert _calls(tmp_path) == ["start", "get_server_list", "quit"]
+    finally:
+        for pid in _marked_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_daemon_an_earlier_command_left_is_ended_at_start(tmp_path):
+    from kbverify import mps_lifetime
+
+    bin_dir = _fake_daemon_control(tmp_path)
+    gone_owner = "1:0"  # pid 1 never started at tick 0: that command is gone
+    env = {**_env(bin_dir), mps_lifetime.OWNER_VAR: gone_owner, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+    subprocess.run([str(bin_dir / CONTROL), "-d"], env=env, check=True)
+    daemon = int((tmp_path / "daemon.pid").read_text())
+    assert daemon in mps_lifetime.marked(gone_owner)
+    alive_owner = mps_lifetime.owner_token()  # a running command's daemon is never touched
+    keep = subprocess.Popen(["sleep", "300"], env={**env, mps_lifetime.OWNER_VAR: alive_owner})
+    try:
+        assert mps_lifetime.end_stale(str(bin_dir / CONTROL)) == []
+        assert mps_lifetime.marked(gone_owner) == {}
+        assert _calls(tmp_path) == ["start", "quit"]
+        assert keep.poll() is None and keep.pid in mps_lifetime.marked(alive_owner)
+    finally:
+        keep.kill()
+        keep.wait()
