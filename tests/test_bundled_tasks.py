@@ -32,7 +32,7 @@ CORPUS = REPO / "tests" / "corpus"
 PUBLISHED = REPO / "examples" / "published_run"
 
 ALL_TASKS = load_task_dir(BASIC) + load_task_dir(DEGENERATE)
-CORPUS_FILES = sorted(CORPUS.glob("*/*.py"))
+CORPUS_FILES = sorted(p for p in CORPUS.glob("*/*.py") if p.parent.name != "tasks")  # tasks/: the cases' own tasks
 RUNNABLE_SUBMISSIONS = [p for p in CORPUS_FILES if p.parent.name in ("honest", "exploits")]
 HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget|secret): (?P<value>.*)$")
 DEFECTS = ("Constant", "NearZero", "MostlyZero", "UniformAxis", "DeadInput", "DeadParameter", "Stochastic",

@@ -39,7 +39,7 @@ scale = 2
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():
