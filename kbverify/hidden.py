@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from kbverify import hidden_larger
 from kbverify.errors import InputError
 # meta_mode, quiet and tensors are named here for scripts/audit_work_profile.py, which profiles a task
 # with the same quiet meta-device run the rule uses.
@@ -53,7 +54,8 @@ from kbverify.tasks import Task, execute_task, load_task_dir
 
 log = logging.getLogger(__name__)
 
-RULE = "kbverify-hidden/1: smaller (n//2, or n-1 for n<4), odd (n-1 for even n>=4); scopes all > inputs-only > greedy"
+RULE = ("kbverify-hidden/2: smaller (n//2, or n-1 for n<4), odd (n-1 for even n>=4); scopes all > inputs-only > "
+        "greedy; larger (x2, within 8x the reference's peak, greedy groups); npot (n-1 where only powers of two)")
 KINDS = ("smaller", "odd")
 SCOPES = ("all", "inputs-only", "greedy")
 
@@ -71,17 +73,19 @@ class HiddenShape:
     overrides: dict  # constant name -> new value
     input_shapes: tuple  # one entry per get_inputs() item: a shape tuple, or None for a non-tensor
     validation: str  # what ran: "meta", "meta+cpu", "cpu-init+meta", "cpu", ...
-    kind: str = ""  # the rule's kind/scope: "smaller/all", "odd/greedy", ...
+    kind: str = ""  # the rule's kind/scope: "smaller/all", "odd/greedy", "larger/all", "npot/one", ...
+    kept: dict = dataclasses.field(default_factory=dict)  # larger shapes: constant left at its size → why
 
     def to_json(self) -> dict:
-        return {"label": self.label, "overrides": self.overrides, "input_shapes": self.input_shapes,
+        data = {"label": self.label, "overrides": self.overrides, "input_shapes": self.input_shapes,
                 "validation": self.validation, "kind": self.kind}
+        return {**data, "kept": self.kept} if self.kept else data
 
     @classmethod
     def from_json(cls, data: dict) -> HiddenShape:
         return cls(label=data["label"], overrides={k: tuplify(v) for k, v in data["overrides"].items()},
                    input_shapes=tuplify(data["input_shapes"]), validation=data["validation"],
-                   kind=data.get("kind", ""))
+                   kind=data.get("kind", ""), kept=dict(data.get("kept") or {}))
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,23 @@ def _apply_rule(task: Task, max_configs: int) -> tuple[list[HiddenShape], str | 
         shape = _first_valid(task, kind, constants, original, rejections)
         if shape is not None and all(shape.input_shapes != other.input_shapes for other in found):
             found.append(dataclasses.replace(shape, label=f"hidden:{len(found)}"))
+    # larger than the task's on every axis that can grow, then a size that is no power of two for each constant
+    # left a power of two (kbverify.hidden_larger)
+    larger, kept = hidden_larger.larger_shapes(task, constants, original, HiddenShape)
+    for shape in larger:
+        found = _added(found, shape)
+    if kept and found:  # said once, by the first larger shape, or the first shape where none is larger
+        carrier = next((i for i, shape in enumerate(found) if shape.kind.startswith("larger")), 0)
+        found[carrier] = dataclasses.replace(found[carrier], kept=kept)
+    for shape in hidden_larger.npot_shapes(task, constants, original, found, HiddenShape):
+        found = _added(found, shape)
     return found, None if found else "; ".join(rejections) or "no configuration changes the input shapes"
+
+
+def _added(found: list[HiddenShape], shape: HiddenShape) -> list[HiddenShape]:
+    if any(shape.input_shapes == other.input_shapes for other in found):
+        return found
+    return [*found, dataclasses.replace(shape, label=f"hidden:{len(found)}")]
 
 
 def _first_valid(task: Task, kind: str, constants: list[_ShapeConstant], original: Probe,

@@ -55,6 +55,19 @@ def plan_for(task: Task, protocol: Protocol, *, hidden_dirs, only: str | None,
     return plan, origin
 
 
+def kept_axes_note(task: Task, protocol: Protocol, hidden_dirs) -> str:
+    """Which axes that can grow the larger hidden shapes kept at the task's size, and why, in one sentence for
+    the verdict ("" where none was kept, or the protocol has no hidden shapes)."""
+    if not protocol.hidden_shapes:
+        return ""
+    kept: dict = {}
+    for shape in hidden_shapes_for(task, list(hidden_dirs))[0]:
+        kept.update(shape.kept)
+    if not kept:
+        return ""
+    return "larger hidden shapes keep " + "; ".join(f"{name} at the task's size ({why})" for name, why in kept.items())
+
+
 def timed_distributions(sets, protocol: Protocol) -> list[str]:
     """The distributions the timed rounds draw in turn: the protocol's, each where the task's own shapes had a
     valid set (a distribution on which the reference itself goes non-finite, a KL divergence on negated inputs,

@@ -10,6 +10,7 @@ guards are `kbverify.timing_verdict.decide_timing`, which also reads only the st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -243,6 +244,16 @@ def decide_sets(sets: list[SetResult], protocol: Protocol, *, fp16_suspect: bool
         # the one set that separates fp16 from TF32 is invalid for this task, so an fp16 path goes unseen
         warnings.append(Warn.FP16_PATH.value)
     return Decision(status, message, tuple(warnings), failing)
+
+
+def with_kept_axes(decided: Decision, note: str) -> Decision:
+    """The verdict says when the larger hidden shapes kept an axis that can grow at the task's size (`note`,
+    kbverify.input_plan.kept_axes_note): a warning, and the note in a passing verdict's message."""
+    if not note:
+        return decided
+    message = decided.message if decided.status is not Status.PASSED else \
+        "; ".join(filter(None, (decided.message, note)))
+    return dataclasses.replace(decided, message=message, warnings=(*decided.warnings, Warn.HIDDEN_AXES_KEPT.value))
 
 
 def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, build: BuildRecord,

@@ -61,6 +61,7 @@ class Probe:
     init_signature: tuple | None = None
     estimated_bytes: int | None = None
     validation: str | None = None  # set when the reference constructed and ran
+    peak_bytes: int | None = None  # the reference's peak of live tensors on meta (`PeakCounter`), inputs included
     error: str | None = None
 
 
@@ -106,22 +107,62 @@ def validate(task: Task, source: str) -> Probe:
     if isinstance(model, str):
         return Probe(shapes, signature, error=model)
     meta_error, outputs, flops = None, None, 0
+    resident = _tensor_bytes(inputs) + _tensor_bytes(list(model.parameters()) + list(model.buffers()))
+    peak = PeakCounter(resident)
     try:
-        with quiet(), meta_mode(), torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with quiet(), meta_mode(), torch.no_grad(), FlopCounterMode(display=False) as counter, peak:
             outputs = model(*inputs)
         flops = counter.get_total_flops()
     except (Exception, SystemExit) as error:  # noqa: BLE001
         meta_error = f"forward on meta: {describe(error)}"
-    estimated = _tensor_bytes(inputs) + _tensor_bytes(list(model.parameters()) + list(model.buffers()))
-    estimated += _tensor_bytes(outputs) if outputs is not None else 0
+    estimated = resident + (_tensor_bytes(outputs) if outputs is not None else 0)
+    peak_bytes = None if meta_error else max(peak.peak, estimated)
     if estimated > CPU_CHECK_MAX_BYTES or flops > CPU_CHECK_MAX_FLOPS:
         if meta_error:
             return Probe(shapes, signature, estimated, error=f"{meta_error}; too big for a CPU run")
-        return Probe(shapes, signature, estimated, validation=how)
+        return Probe(shapes, signature, estimated, validation=how, peak_bytes=peak_bytes)
     cpu_error = _run_on_cpu(task, source)
     if cpu_error:
         return Probe(shapes, signature, estimated, error=cpu_error)
-    return Probe(shapes, signature, estimated, validation="cpu" if meta_error else f"{how}+cpu")
+    return Probe(shapes, signature, estimated, validation="cpu" if meta_error else f"{how}+cpu",
+                 peak_bytes=peak_bytes)
+
+
+def _peak_counter_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _PeakCounter(TorchDispatchMode):
+        """The most bytes of tensors alive at once during a forward on meta: each new (non-view) output of an op
+        counts from its creation until it is freed, on top of what was resident before (inputs, weights)."""
+
+        def __init__(self, resident: int):
+            super().__init__()
+            self.live = self.peak = resident
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            import weakref
+
+            import torch
+
+            out = func(*args, **(kwargs or {}))
+            known = {id(value) for value in tensors(list(args) + list((kwargs or {}).values()))}
+            for tensor in tensors(out):
+                if id(tensor) in known or tensor._base is not None or not isinstance(tensor, torch.Tensor):
+                    continue
+                size = tensor.numel() * tensor.element_size()
+                self.live += size
+                weakref.finalize(tensor, self._free, size)
+            self.peak = max(self.peak, self.live)
+            return out
+
+        def _free(self, size: int) -> None:
+            self.live -= size
+
+    return _PeakCounter
+
+
+def PeakCounter(resident: int):  # noqa: N802 - a class, built on first use (torch is imported lazily here)
+    return _peak_counter_class()(resident)
 
 
 def _construct_on_meta(task: Task, source: str, namespace: dict, init: list):

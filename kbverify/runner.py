@@ -339,6 +339,8 @@ def _correctness_isolated(context: _Context, secret: str) -> Verdict:
     decided = judge.decide_isolated(set_results, candidate.result, context.static, build, protocol, observed)
     if decided.status is Status.COMPILE_ERROR:  # its load error: the machine's, if a probe build fails too
         build = _confirm_machine_failure(context, build)
+    kept = input_plan.kept_axes_note(context.task, protocol, context.options.hidden_dirs)
+    decided = judge.with_kept_axes(decided, kept)
     return _base_verdict(context, decided.status, message=decided.message, build=build, warnings=decided.warnings,
                          sets=tuple(set_results), hidden_shapes=origin,
                          reproducer=judge.reproducer(protocol, secret, decided.failing))

@@ -86,6 +86,9 @@ class Warn(str, enum.Enum):
     # the reference read faster beside the candidate than alone: neither side's reported times are believed
     REFERENCE_HASTENED = "reference_faster_beside_candidate"
     NO_VALID_INPUT_SETS = "no_valid_input_sets"
+    # an axis that can grow was kept at the task's size in the larger hidden shapes (memory, or the reference
+    # refuses the size): the verdict's message names it (kbverify.hidden_larger)
+    HIDDEN_AXES_KEPT = "hidden_axes_kept"
     TIMED_OUTPUTS_NEAR_TOLERANCE = "timed_outputs_near_tolerance"  # a few timed outputs just over the limit
     HOST_OVERHEAD = "host_overhead"  # its extra host work per call exceeds the reference's device time per call
     NO_DEVICE_HOLD = "no_device_hold"  # this torch has no torch.cuda._sleep: host launch time was timed too
