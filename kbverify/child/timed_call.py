@@ -13,7 +13,6 @@ import time
 import torch
 
 from kbverify.child import guards
-from kbverify.child.timing_sides import snapshot
 from kbverify.child.worker import set_seed
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed
@@ -159,7 +158,7 @@ def _timed_call(side, draw, device, flush, before_call=None, cover=None, kind: s
                 started = time.perf_counter_ns()
                 flat = flatten_outputs(side.model(*inputs))
                 elapsed = (time.perf_counter_ns() - started) / 1e6
-                early = snapshot(flat)
+                early = side.copy_outputs(flat)
                 side.spent("run_and_project", mark)
     finally:
         _restore_gc(collecting)
@@ -198,7 +197,7 @@ def _on_the_device(side, inputs, device, held, mark: int, host_started: int):
         side.uncovered += held.observe(host_ms)
         if held.probing:
             side.probe.append([held.length_ms, host_ms])
-    early = snapshot(flat)
+    early = side.copy_outputs(flat)
     projected.record()
     torch.cuda.synchronize(device)
     after_sync.record()

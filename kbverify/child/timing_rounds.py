@@ -15,8 +15,6 @@ from kbverify.child import guards
 from kbverify.child.timed_call import KINDS, _timed_call
 from kbverify.child.timing_sides import Side, changed_since, digest, output_signature, poison
 from kbverify.child.worker import announce, synchronize
-
-CALLS_PER_BATCH = 3  # kbverify.timing_control.CALLS_PER_SIDE: the parent sends this many seeds with each `go`
 from kbverify.correctness import flatten_outputs
 from kbverify.inputs import derive_seed, draw_inputs
 
@@ -200,7 +198,7 @@ def _check_harness(flush) -> None:
 
 def _warm_up(sides, device, flush, reassert, cover, *, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    calls, held = 0, []
+    calls = 0
     while calls < (4 if cover is not None else 3) or time.monotonic() < deadline:
         if cover is not None:  # long and short holds in turn, the same for both sides (kbverify.timing_modes)
             cover.probe_ms = cover.CAP_MS if calls % 2 == 0 else cover.PROBE_SHORT_MS
@@ -210,12 +208,8 @@ def _warm_up(sides, device, flush, reassert, cover, *, seconds: float) -> None:
             early = _timed_call(side, lambda side=side, seed=seed: (seed, draw_inputs(side.namespace, seed, device)),
                                 device, flush, reassert if name == "ref" else None, cover)[4]
             side.released.clear()
-            # as a batch does: each copy digested, the candidate's last batch of copies held, so the first timed
-            # batch finds the allocator's blocks cached on both sides (else its allocations alone left the
-            # candidate's first round 18 ms a call more unexplained, 128 MB outputs, H100)
+            # as a batch does: the copies digested, so the digest's own allocations are cached before the rounds
             digest(early)
-            if name == "cand":
-                held = [*held[-(CALLS_PER_BATCH - 1):], early]
         calls += 1
         if calls >= 50:
             break

@@ -22,6 +22,7 @@ from kbverify.inputs import timed_inputs
 # module attributes a submission could replace to make the timed inputs or the round order predictable.
 _URANDOM = os.urandom
 _RANDOM = random.Random
+CALLS_PER_BATCH = 3  # kbverify.timing_control.CALLS_PER_SIDE: the parent sends this many seeds with each `go`
 
 
 def _random_bits(bits: int) -> int:
@@ -52,12 +53,22 @@ class Side:
         self._seen = 0
         self.jitter_bytes = 0  # > 0: a spacer of up to this many bytes allocated before each call's tensors
         self.spacer = None
+        # the buffers each place in a batch copies its outputs into (`snapshot`), and how many copies were made
+        self.copy_slots: list[list] = [[] for _ in range(CALLS_PER_BATCH)]
+        self.copies_made = 0
 
     def spent(self, phase: str, since_ns: int) -> int:
         """Add the time since `since_ns` to `phase`; returns now, the next phase's start."""
         now = time.perf_counter_ns()
         self.phase_ns[phase] = self.phase_ns.get(phase, 0) + now - since_ns
         return now
+
+    def copy_outputs(self, outputs: list) -> list:
+        """The outputs copied into the next place's buffers: any CALLS_PER_BATCH calls in a row use distinct ones,
+        so a batch's copies stay as they were until its calls were chosen and handed over."""
+        slot = self.copy_slots[self.copies_made % len(self.copy_slots)]
+        self.copies_made += 1
+        return snapshot(outputs, slot)
 
     def keep(self, call_index: int, copies: list, signature: list) -> None:
         """Held until the parent has chosen which of this batch's calls it checks (kbverify.timing_control), at
@@ -178,15 +189,31 @@ def _layout(value):
     return ("value",)
 
 
-def snapshot(outputs: list) -> list:
-    """A copy of every plain tensor output (None for anything else), enqueued right after the call's end event.
+def snapshot(outputs: list, slot: list) -> list:
+    """A copy of every plain tensor output (None for anything else), enqueued right after the call's end event,
+    into `slot`: buffers kept from the side's earlier calls at this place in a batch, reused where shape, dtype and
+    device match. Both sides keep their batch's copies in such buffers for good, so neither side's outputs land in
+    memory the other side's would not: a copy allocated per call and kept to the batch's end sent the candidate's
+    next output to fresh pages (an A/A on a CPU read 0.75x, its interval clear of 1).
 
     The copy is what the timed-output check judges, whole (SPEC §4, stale outputs): which calls are checked is
     chosen by the parent after the batch, and the comparison runs in a process without submission code, so
     nothing in this process says which calls or elements will be looked at (corpus:
     matmul_computes_only_what_it_can_find_of_the_check). Compared with the output after a device-wide
     synchronise, it also shows work that outlived the call (`unsettled`)."""
-    return [out.detach().clone() if type(out) is torch.Tensor else None for out in outputs]
+    copies = []
+    for index, out in enumerate(outputs):
+        if type(out) is not torch.Tensor:
+            copies.append(None)
+            continue
+        kept = slot[index] if index < len(slot) else None
+        if (kept is None or kept.shape != out.shape or kept.dtype != out.dtype or kept.device != out.device):
+            kept = out.detach().clone()
+        else:
+            kept.copy_(out.detach())
+        copies.append(kept)
+    slot[:] = copies
+    return copies
 
 
 # The finalisers of splitmix64 and of a 32-bit hash (lowbias32), as signed integers (torch has no unsigned

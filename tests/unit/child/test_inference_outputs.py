@@ -21,9 +21,11 @@ def test_poison_fills_an_inference_tensor_outside_inference_mode():
 
 
 def test_copies_of_an_inference_tensor_compare_and_are_written(tmp_path):
-    out = _inference_output()
-    copies = snapshot([out])
+    out, slot = _inference_output(), []
+    copies = snapshot([out], slot)
     assert not changed_since(copies, [out])
+    again = snapshot([out], slot)  # the slot's buffer reused: copied into, not allocated
+    assert again[0] is copies[0] and not changed_since(again, [out])
     poison([out])
     assert changed_since(copies, [out])
     _write(str(tmp_path / "copy.pt"), [out])
