@@ -276,11 +276,10 @@ def _reveal(child, seeds: list, first: int, checking: _Checking, deadline: float
 
 
 def _capacity(outdir: str, reservoir: Reservoir) -> int:
-    """How many calls the reservoir keeps: STALE_CHECKS, fewer where the copies kept so far (their files, as this
-    process sees them) would hold more than STALE_BYTES, never fewer than MIN_STALE_CHECKS: a 1 GB output's 24
-    copies took 24 GB of the hand-over folder's disk."""
-    sizes = [_size(os.path.join(outdir, e["file"])) for e in reservoir.sample.values() if e.get("file")]
-    sizes = [size for size in sizes if size > 0]
+    """How many calls the reservoir keeps: STALE_CHECKS, fewer where the copies kept so far (their files' sizes as
+    this process saw them when each was handed over: the folder stays the worker's to write) would hold more than
+    STALE_BYTES, never fewer than MIN_STALE_CHECKS: a 1 GB output's 24 copies took 24 GB of disk."""
+    sizes = [e["bytes"] for e in reservoir.sample.values() if isinstance(e.get("bytes"), int) and e["bytes"] > 0]
     if not sizes:
         return reservoir.capacity
     return max(MIN_STALE_CHECKS, min(STALE_CHECKS, STALE_BYTES // max(sizes)))
@@ -303,7 +302,7 @@ def _copy_entry(shown, index: int, outdir: str) -> dict:
     if (not isinstance(shown, dict) or shown.get("file") != name or not isinstance(shown.get("signature"), list)
             or not os.path.isfile(os.path.join(outdir, name))):
         return {"missing": "the worker handed over no copy of this call's output"}
-    return {"file": name, "signature": shown["signature"]}
+    return {"file": name, "signature": shown["signature"], "bytes": _size(os.path.join(outdir, name))}
 
 
 def _remove(path: str) -> None:

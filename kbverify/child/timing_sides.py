@@ -8,6 +8,7 @@ copied, so nothing of one side's answer is left for the other.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -216,34 +217,61 @@ def snapshot(outputs: list, slot: list) -> list:
     return copies
 
 
-# The finalisers of splitmix64 and of a 32-bit hash (lowbias32), as signed integers (torch has no unsigned
-# arithmetic past 8 bits): elements of up to 4 bytes mix in 32 bits, half the memory traffic of 64.
-_MIX64 = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), (30, 27, 31))
-_MIX32 = (0x7FEB352D, 0x846CA68B - (1 << 32), (16, 15, 16))
+# splitmix64's finaliser constants as signed 64-bit integers (torch has no unsigned 64-bit arithmetic; a wrapping
+# multiply has the same bits), and the number of lanes a copy is hashed in.
+_MIX = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64))
+_LANES = 1 << 18
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def digest(copies: list) -> list:
-    """Per copy: the sum over every element of a nonlinear mix of its bits, as a Python int (None for no copy).
+    """Per copy: a cryptographic digest of its dtype, shape and every element's bits (None for no copy).
 
     Sent with the batch's times, so it is made on the parent's clock, before the parent chooses which calls it
     checks; the clean check recomputes it from the copy it is handed. A copy changed after the choice, or made
-    right only then (corpus: matmul_hands_over_a_product_made_after_the_choice), no longer matches; matching it
-    needs every element of the right output, on the clock. Order-free (integer sums wrap), so the device's
-    reduction order cannot change it; nonlinear, so no shortcut through the operation (a matmul's weighted sum
-    is a cheaper matmul) computes it without the output."""
+    right only then (corpus: matmul_hands_over_a_product_made_after_the_choice), no longer matches, and no
+    nudging of low bits makes it match (a sum of per-element mixes was forged by adjusting a few elements' low
+    bits: corpus matmul_forges_the_digest_after_the_choice). On the CPU, BLAKE2b of the bytes; on a GPU, each of
+    up to 2**18 lanes chains its elements through a 64-bit mix, in order, and BLAKE2b hashes the lanes' end states
+    (the bytes never leave the device). Integer operations only, so no reduction order can change it."""
     return [None if copy is None else _digest_one(copy) for copy in copies]
 
 
-def _digest_one(copy: torch.Tensor) -> int:
+def _digest_one(copy: torch.Tensor) -> str:
     flat = copy.detach().reshape(-1)
-    size = flat.element_size()
-    bits = flat.view(_BITS.get(size, torch.int64))
-    first, second, (a, b, c) = _MIX64 if size > 4 else _MIX32
-    bits = bits.to(torch.int64 if size > 4 else torch.int32)
-    mixed = (bits ^ (bits >> a)) * first
-    mixed = (mixed ^ (mixed >> b)) * second
-    return int((mixed ^ (mixed >> c)).sum(dtype=torch.int64))
+    header = f"{copy.dtype}|{tuple(copy.shape)}|".encode()
+    if flat.numel() == 0:
+        return hashlib.blake2b(header, digest_size=32).hexdigest()
+    bits = flat.view(_BITS.get(flat.element_size(), torch.int64))
+    if bits.device.type == "cpu":  # the bytes themselves: BLAKE2b reads them faster than integer passes would
+        return hashlib.blake2b(header + memoryview(bits.contiguous().numpy()), digest_size=32).hexdigest()
+    return lane_digest(bits, header)
+
+
+def lane_digest(bits: torch.Tensor, header: bytes = b"") -> str:
+    """The device's digest of integer `bits`: up to 2**18 lanes, each chaining its elements through a 64-bit mix
+    in order, then BLAKE2b of the lanes' end states. Matching a given digest by nudging elements means matching
+    every lane's 64-bit state."""
+    bits = bits.reshape(-1).to(torch.int64)
+    lanes = min(_LANES, bits.numel())
+    steps = -(-bits.numel() // lanes)
+    if steps * lanes != bits.numel():
+        bits = torch.cat([bits, bits.new_zeros(steps * lanes - bits.numel())])
+    state = torch.arange(lanes, dtype=torch.int64, device=bits.device)
+    for row in bits.view(steps, lanes):
+        state = _mix(state ^ row) + row  # fed forward: a lane's state is not run backwards from its end
+    return hashlib.blake2b(header + state.cpu().numpy().tobytes(), digest_size=32).hexdigest()
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser with logical shifts (an arithmetic shift would fold x and ~x together)."""
+    x = (x ^ _shr(x, 30)) * _MIX[0]
+    x = (x ^ _shr(x, 27)) * _MIX[1]
+    return x ^ _shr(x, 31)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
 def changed_since(copies: list, outputs: list) -> bool:
