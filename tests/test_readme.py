@@ -59,8 +59,9 @@ def test_the_first_block_holds_the_two_commands_and_ci_runs_the_second():
     assert commands == [
         "python3 -m pip install torch==2.13.0 && python3 -m pip install -e . && kbverify demo",
         "python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test,ray]' && "
-        "python3 -m pytest -m \"not gpu and not serial\" -n 2 --dist loadgroup && "
-        "python3 -m pytest -m \"not gpu and serial\""]
+        "python3 -m pytest tests/unit && "
+        "python3 -m pytest -m \"not gpu and not serial\" -n 2 --dist loadgroup --ignore=tests/unit && "
+        "python3 -m pytest -m \"not gpu and serial\" --ignore=tests/unit"]
     assert (REPO / ".ci" / "run").read_text().rstrip().splitlines()[-1] == commands[1]
 
 
