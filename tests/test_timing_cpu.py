@@ -97,12 +97,17 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
 
     def round_s(r) -> float:
         # a CPU runs the device kind alone (runner._kinds): no host-kind walls there
-        # each batch's span: its draws, its calls (the wall its times are held to) and its checks
-        assert r["ref_span_ms"] >= r["ref_wall_ms"] and r["cand_span_ms"] >= r["cand_wall_ms"]
+        # each batch's span: its draws, its calls (the wall its times are held to), its checks and the hand-over of
+        # its chosen copies (`reveal_ms`, inside the candidate's span)
+        assert r["ref_span_ms"] >= r["ref_wall_ms"] and r["cand_span_ms"] >= r["cand_wall_ms"] + r.get("reveal_ms", 0)
         return (r["ref_span_ms"] + r["cand_span_ms"] + r.get("ref_host_span_ms", 0.0) + r.get("cand_host_span_ms", 0.0)
-                + r.get("reveal_ms", 0) + r.get("reveal_host_ms", 0) + r["between_ms"]) / 1e3
+                + r["between_ms"]) / 1e3
 
-    last_started_s = sum(round_s(r) for r in rounds[:-1]) + rounds[-1]["between_ms"] / 1e3
+    def hand_over_s(r) -> float:
+        return (r.get("reveal_ms", 0) + r.get("reveal_host_ms", 0)) / 1e3
+
+    # the hand-over of the chosen copies is the check's time, not the rounds': the budget leaves it out
+    last_started_s = (sum(round_s(r) - hand_over_s(r) for r in rounds[:-1]) + rounds[-1]["between_ms"] / 1e3)
     assert last_started_s <= PROTOCOL.timing_budget_s + 0.2
     # every millisecond of the timed span is accounted for by the parent, round by round: both sides' batches of
     # both kinds, the reveal of the checked calls, and its own work between rounds (where a lazy import once spent
@@ -306,8 +311,10 @@ def test_work_hidden_in_a_returned_containers_iter_is_timed():
                     make_submission(LAZY_LIST.replace("torch.matmul(a, b, out=self[0])",
                                                       "torch.tanh(a @ b, out=self[0])"), id="lazy.py"),
                     PROTOCOL, CheckOptions(device="cpu", timeout_s=120))
-    assert verdict.status.value == "passed", verdict.message
-    assert verdict.speedup < 1.5  # it does the reference's work; before, the clock stopped before __iter__ (86x)
+    # a list subclass where the reference returns a tensor is another structure (kbverify.output_structure);
+    # where a container passes, the work in its __iter__ is inside the clock (before, it stopped first: 86x)
+    assert verdict.status.value in ("shape_mismatch", "passed"), verdict.message
+    assert verdict.status.value == "shape_mismatch" or verdict.speedup < 1.5
 
 
 SYNC = CheckOptions(device="cpu", timeout_s=120, timing_mode="sync")
