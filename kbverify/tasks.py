@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbverify.errors import InputError
+from kbverify.submissions import read_source
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 _FILE_NAME = re.compile(r"^(?P<id>\d+)_(?P<name>.+)\.py$")
@@ -65,9 +66,9 @@ def load_task(path: str | Path, *, level: int | None = None) -> Task:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such task file")
-    try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
+    try:  # as Python reads it: a byte-order mark dropped, a coding line honoured (kbverify.submissions)
+        source = read_source(path)
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as error:
         raise InputError(f"{path}: cannot read task: {error}") from None
     match = _FILE_NAME.match(path.name)
     problem_id = int(match["id"]) if match else None

@@ -734,6 +734,13 @@ def test_a_submission_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path
     assert "caf\u00e9" in load_submission(declared).source
 
 
+def test_a_task_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path):
+    from kbverify.tasks import load_task
+
+    path = _write(tmp_path / "1_ReLU.py", b"\xef\xbb\xbf" + RELU.read_bytes())
+    assert load_task(path).source == RELU.read_text()
+
+
 def test_a_run_folder_and_a_jsonl_read_kernels_with_a_byte_order_mark(tmp_path):
     from kbverify.importers import read_source
 
