@@ -145,12 +145,11 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
                                ray_address=ray_address, share_gpu=share_gpu)
     validate.clock(clock)
     with Reporter() as reporter:  # stderr: a live bar in a terminal, a line at least every 30 s elsewhere
-        progress = _counting_devices(reporter, request.share_gpu if request.executor == "local" else 1)
         summary = jobs.run_rescore(request.source, fmt=request.fmt, tasks=request.tasks, store_path=request.store,
                                    protocols=request.protocols, samples=request.samples,
                                    report_dir=request.report_dir, device=request.device,
                                    hidden_dirs=request.hidden_dirs, timeout_s=request.timeout_s,
-                                   limit=request.limit, allow_mixed=request.allow_mixed, progress=progress,
+                                   limit=request.limit, allow_mixed=request.allow_mixed, progress=reporter,
                                    select=request.select, exclude_path=request.exclude_path,
                                    group_by=request.group_by, executor=request.executor,
                                    ray_address=request.ray_address, clock=clock, share_gpu=request.share_gpu)
@@ -160,24 +159,6 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
         sys.stdout.write(summary["text"])
     if not summary["complete"]:
         raise typer.Exit(3)  # the job is not done: units an infrastructure error left without a verdict
-
-
-def _counting_devices(reporter, share: int):
-    """The reporter, told how many devices a rescore's phases run on. The local executor's events count its
-    evaluating threads (`workers`: devices x `device_share.threads_for(share)`; the start event devices x share),
-    which on one GPU shared by 4 units read "on 16 GPUs"; the devices are what the line names."""
-    import dataclasses
-
-    from kbverify.device_share import threads_for
-
-    def progress(event):
-        if event.devices is None and event.phase in ("start", "evaluate"):
-            per_device = share if event.phase == "start" else threads_for(share)
-            if per_device > 1 and event.workers % per_device == 0:
-                event = dataclasses.replace(event, devices=event.workers // per_device)
-        reporter(event)
-
-    return progress
 
 
 @app.command()

@@ -161,8 +161,10 @@ class Sink:
     resumes), infrastructure errors into the summary, progress to the caller. Thread-safe."""
 
     def __init__(self, store: Store, run_id: str, todo: list[Unit], resumed: int,
-                 progress: Callable[[Progress], None] | None, workers: int, device: str, compat_key: str = ""):
+                 progress: Callable[[Progress], None] | None, workers: int, device: str, compat_key: str = "",
+                 devices: int | None = None):
         self.store, self.run_id, self.progress = store, run_id, progress
+        self.devices = devices  # the devices the workers share (a GPU evaluates several units side by side)
         self.compat_key = compat_key  # the run's machine and software (`kbverify.provenance.compat_key`)
         self.lock = threading.Lock()
         self.total, self.resumed, self.workers, self.device = len(todo), resumed, workers, device
@@ -187,7 +189,8 @@ class Sink:
                 self.progress(Progress(self.done, self.total, self.resumed,
                                        estimate_left_s(self.durations, self.pending, self.workers),
                                        f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}",
-                                       phase="evaluate", device=device, workers=self.workers))
+                                       phase="evaluate", device=device, workers=self.workers,
+                                       devices=self.devices))
 
     def error(self, unit: Unit, message: str) -> None:
         with self.lock:
@@ -203,7 +206,7 @@ class Sink:
     def evaluation_starts(self) -> None:
         if self.progress:
             self.progress(Progress(0, self.total, self.resumed, phase="evaluate", device=self.device,
-                                   workers=self.workers))
+                                   workers=self.workers, devices=self.devices))
 
     def builds(self, done: int, total: int, workers: int, last: str = "") -> None:
         if not self.progress:
@@ -373,7 +376,8 @@ def rescore(entries: list[Entry], protocols: list[Protocol], store: Store, *, ru
     started = time.monotonic()
     units = plan_units(entries, protocols)
     if progress:  # before the machine is probed for provenance: that can take seconds on a GPU host
-        progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices) * share))
+        progress(Progress(0, len(units), phase="start", device=devices[0], workers=len(devices) * share,
+                          devices=len(devices) if executor is None else None))
     if executor is None:
         plan = default_build_plan(len(devices) * share)
         if build_workers:
@@ -402,7 +406,8 @@ def _run_units(executor, units: list[Unit], store: Store, run_id: str, devices: 
         store.put(unit.key, run_id, unverifiable_verdict(unit.entry, unit.protocol))
     todo = [u for u in todo if u.entry.verifiable]
     sink = Sink(store, run_id, todo, resumed, progress, executor.workers, devices[0],
-                provenance_module.compat_key(provenance))
+                provenance_module.compat_key(provenance),
+                devices=len(devices) if isinstance(executor, LocalExecutor) else None)
     executor.run(todo, sink)
     return sink
 

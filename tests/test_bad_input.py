@@ -773,22 +773,21 @@ def test_the_bundled_baseline_scores_the_bundled_eval_results(monkeypatch, capsy
 
 
 def test_progress_names_the_gpus_not_the_threads_sharing_them():
-    from kbverify.cli import _counting_devices
+    """One GPU evaluating four units side by side is one GPU, not its 16 evaluating threads."""
+    import threading
+
     from kbverify.device_share import threads_for
     from kbverify.progress import Progress, where
+    from kbverify.rescore import Sink
 
     seen = []
-    progress = _counting_devices(seen.append, 4)
-    progress(Progress(0, 10, phase="start", device="cuda:0", workers=1 * 4))
-    progress(Progress(1, 10, phase="evaluate", device="cuda:0", workers=1 * threads_for(4)))
-    progress(Progress(1, 10, phase="build", device="cpu", workers=16))
-    assert [where(event) for event in seen] == ["1 GPU", "1 GPU", "16 CPU cores"]
-    two = _counting_devices(seen.append, 4)
-    two(Progress(1, 10, phase="evaluate", device="cuda:0", workers=2 * threads_for(4)))
-    assert where(seen[-1]) == "2 GPUs"
-    one_each = _counting_devices(seen.append, 1)
-    one_each(Progress(1, 10, phase="evaluate", device="cuda:0", workers=8))
-    assert where(seen[-1]) == "8 GPUs"
+    sink = Sink(None, "run", [], 0, seen.append, threads_for(4), "cuda:0", devices=1)
+    sink.lock = threading.Lock()
+    sink.evaluation_starts()
+    sink.builds(1, 2, 16)
+    assert [where(event) for event in seen] == ["1 GPU", "16 CPU cores"]
+    assert where(Progress(0, 10, phase="start", device="cuda:0", workers=2 * 4, devices=2)) == "2 GPUs"
+    assert where(Progress(1, 10, phase="evaluate", device="cuda:0", workers=8)) == "8 GPUs"  # one unit a GPU
 
 
 def test_an_internal_error_exits_3_with_a_line_never_1(monkeypatch, capsys):
