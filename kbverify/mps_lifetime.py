@@ -29,7 +29,9 @@ QUIT_TIMEOUT_S = 10.0
 GONE_WITHIN_S = 3.0
 
 
-def _start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
+    """A process's start time in clock ticks (field 22 of /proc/PID/stat), None if it is gone or a zombie: with
+    its pid, what names one process however pids are reused."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -40,12 +42,12 @@ def _start_time(pid: int) -> str | None:
 def owner_token(pid: int | None = None) -> str:
     """`pid:start time` of this process (or `pid`): a number alone may be another process's by the next run."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid)}"
+    return f"{pid}:{process_start_time(pid)}"
 
 
 def _owner_alive(token: str) -> bool:
     pid, _, started = token.partition(":")
-    return pid.isdigit() and _start_time(int(pid)) == started
+    return pid.isdigit() and process_start_time(int(pid)) == started
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -64,7 +66,7 @@ def marked(token: str | None = None) -> dict[int, dict[str, str]]:
             continue
         environ = _environ(int(name))
         owner = environ.get(OWNER_VAR)
-        if owner and (token is None or owner == token) and _start_time(int(name)) is not None:
+        if owner and (token is None or owner == token) and process_start_time(int(name)) is not None:
             found[int(name)] = environ
     return found
 

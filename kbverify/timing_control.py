@@ -193,18 +193,15 @@ def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | N
     return outcome, holder.get("driven") or Driven(stopped="never driven")
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Checking:
-    """The reservoir of checked calls and the folder their copies are written to (this process's own)."""
+    """The reservoir of checked calls, the folder their copies are written to (this process's own), the digests
+    sent with the batches' times, and the seconds spent handing copies over."""
 
     reservoir: Reservoir
     outdir: str
     digests: dict = field(default_factory=dict)  # call → the digest of its copy, as sent with the batch's times
-    spent: list = field(default_factory=lambda: [0.0])  # seconds spent handing over copies
-
-    @property
-    def spent_s(self) -> float:
-        return self.spent[0]
+    spent_s: float = 0.0
 
 
 def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
@@ -229,7 +226,7 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
         checking.digests.update({int(k): v for k, v in digests.items() if str(k).isdigit()})
         _reveal(child, seeds, first, checking, deadline, distribution=distribution)
         entry[side_key("reveal", kind)] = (time.monotonic() - revealing) * 1e3
-        checking.spent[0] += time.monotonic() - revealing
+        checking.spent_s += time.monotonic() - revealing
     reply = _reply(child, "batch", deadline) if timed is not None else None
     if reply is None:
         raise TimeoutError(_silence(child, f"the worker stopped answering during the {side} batch"))

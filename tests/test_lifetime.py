@@ -15,29 +15,22 @@ from pathlib import Path
 import pytest
 
 from kbverify import gpu_processes
+from kbverify.mps_lifetime import process_start_time
 
 REPO = Path(__file__).resolve().parent.parent
 GONE_WITHIN_S = 5.0
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
 def _alive(marker: str, known: dict[int, str]) -> list[int]:
     """Live processes with the marker in their environment, or among `known` (pid → start time) and not reused."""
-    found = [pid for pid, started in known.items() if _start_time(pid) == started]
+    found = [pid for pid, started in known.items() if process_start_time(pid) == started]
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) not in found:
             try:
                 environ = Path(f"/proc/{name}/environ").read_bytes()
             except OSError:
                 continue
-            if marker.encode() in environ and _start_time(int(name)) is not None:
+            if marker.encode() in environ and process_start_time(int(name)) is not None:
                 found.append(int(name))
     return sorted(found)
 
@@ -66,7 +59,7 @@ def test_no_process_of_a_check_outlives_it(signum):
     marker = f"KBV_LIFETIME_{uuid.uuid4().hex}"
     cli = _run_until_hanging(marker)
     try:
-        known = {pid: _start_time(pid) for pid in gpu_processes.descendants(cli.pid)}
+        known = {pid: process_start_time(pid) for pid in gpu_processes.descendants(cli.pid)}
         assert len(known) >= 4, known  # the command, the worker server, a supervisor, the job (and its init)
         os.kill(cli.pid, signum)  # the command alone, as `timeout` does
         signalled = time.monotonic()
