@@ -287,7 +287,7 @@ def mode_depths() -> tuple[int, int]:
 
 def modes_left_active(before: tuple[int, int]) -> list[str]:
     """A TorchFunctionMode or TorchDispatchMode the submission entered and left entered intercepts every torch
-    call the harness makes next: its projections of the output, its comparisons, the reference itself."""
+    call the harness makes next: its copies of the output, their digests, the reference itself."""
     return [name for name, depth, now in zip(_MODE_NAMES, before, mode_depths()) if now > depth]
 
 
