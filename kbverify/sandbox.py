@@ -96,8 +96,23 @@ def _forkserver_locked(timing: bool):
             context = multiprocessing.get_context("spawn")
         _context = context
         if context.get_start_method() == "forkserver":
+            _short_socket_folder()
             _start_server_off_our_output()
     return _context
+
+
+def _short_socket_folder() -> None:
+    """The worker server's Unix socket lies in multiprocessing's folder, made under TMPDIR: a socket path holds 107
+    bytes, so under a deep TMPDIR no worker started ("AF_UNIX path too long"). Then the folder is made in /tmp."""
+    from multiprocessing import util
+
+    if len(tempfile.gettempdir()) <= 60 or not os.access("/tmp", os.W_OK):
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()  # made now, and kept by multiprocessing for this process
+    finally:
+        tempfile.tempdir = saved
 
 
 def _start_server_off_our_output() -> None:
