@@ -28,16 +28,14 @@ resumes it) instead of a hang. A lease is released when its block exits, however
 timed out leaves the queue, so nothing is leaked. A thread never nests two leases of one device (it would wait on
 itself): that raises at once.
 
-Memory: the lease counts slots, not bytes. A unit that ran out of device memory beside others is evaluated again
-alone (`ran_out_of_memory`, `Sharing.alone`), so sharing never turns into a verdict. The audit's admission control
-(`kbverify.admission.MemoryLedger` over `kbverify.footprint`'s meta-device estimates) is the mechanism to reuse for
-a budget per slot (its ledger is flock'ed, so threads of one process can share it), but not yet: what it reserves
-is an audit worker's need (`AUDIT_MEMORY_FACTOR`, measured on the H200 for that worker), not a candidate-and-judge
-pair's, and rescore estimates no footprints. Missing: that factor measured for the pair on a GPU, the footprints
-estimated beside the builds, and a shared request that carries its need.
+Memory: the lease counts slots, not bytes; `kbverify.rescore_memory` admits units by bytes, with the audit's
+ledger (`kbverify.audit.admission.MemoryLedger`), before a correctness phase takes its slot (`Sharing.admission`).
+A unit that still ran out of device memory beside others is evaluated again alone (`ran_out_of_memory`,
+`Sharing.alone`), so sharing never turns into a verdict.
 
-Pure: no processes, no torch. The executor (`kbverify.rescore.LocalExecutor`) makes one lease per device and hands
-it to `kbverify.runner.check` inside a `Sharing`; `phase(sharing, kind, holder)` is what the runner enters.
+Pure: no processes, no torch (the admission's ledger is a file, reached through `Sharing.admission`). The executor
+(`kbverify.rescore.LocalExecutor`) makes one lease per device and hands it to `kbverify.runner.check` inside a
+`Sharing`; `phase(sharing, kind, holder)` is what the runner enters.
 """
 
 from __future__ import annotations
@@ -283,6 +281,9 @@ class Sharing:
     mps: bool = False
     mps_reason: str = ""
     alone: bool = False  # correctness too under the exclusive lease: a unit again after it ran out of memory
+    # The unit's memory admission (`kbverify.rescore_memory.Admission`): its correctness phase reserves its need
+    # before it takes a shared slot. None: slots alone (a CPU, or a device whose memory is unknown).
+    admission: object | None = None
 
     def provenance(self) -> dict:
         return {"slots": self.lease.slots, "mps": self.mps, "mps_reason": self.mps_reason,
@@ -306,5 +307,7 @@ def phase(sharing: Sharing | None, kind: str, holder: str = ""):
     if kind not in KINDS:
         raise ValueError(f"unknown phase kind {kind!r}")
     if kind == CORRECTNESS and not sharing.alone:
+        if sharing.admission is not None:
+            return sharing.admission.shared(sharing.lease, holder)
         return sharing.lease.shared(holder)
     return sharing.lease.exclusive(holder)

@@ -35,6 +35,7 @@ from kbverify.mps import MpsState, private_mps
 from kbverify.progress import Progress, estimate_left_s
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict, task_label
+from kbverify.rescore_memory import Admission, device_budget_bytes, ledger_for, unit_needs
 from kbverify.runner import CheckOptions, build_env, check
 from kbverify.sandbox import run_child
 from kbverify.static import scan
@@ -236,6 +237,8 @@ class LocalExecutor:
         self.plan = plan or default_build_plan(len(devices) * share)
         self.options = dataclasses.replace(options, max_jobs=self.plan.max_jobs)
         self.sharing: dict[str, Sharing] = {}  # device → its lease, while a session runs
+        self.ledgers: dict = {}  # device → its memory ledger (`kbverify.rescore_memory`), a GPU's while sharing
+        self.needs: dict[str, int | None] = {}  # unit key → its expected device memory, for the ledgers
         self.observer = None  # called with every LeaseEvent (tests)
 
     @property
@@ -265,12 +268,20 @@ class LocalExecutor:
                             for device in self.devices}
             log.info("%d units side by side per device (correctness; timing alone); %s", self.share,
                      state.describe())
+            folder = Path(tempfile.mkdtemp(prefix="kbv-memory-"))
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+            self.ledgers = {device: ledger for device in self.devices
+                            if (ledger := ledger_for(folder, device, device_budget_bytes(device))) is not None}
             try:
                 yield
             finally:
-                self.sharing = {}
+                self.sharing, self.ledgers = {}, {}
 
     def run(self, units: list[Unit], sink: Sink) -> None:
+        if self.ledgers:  # the needs read the store's recorded peaks before the first unit starts
+            with sink.lock:
+                verdicts = [verdict for _, verdict in sink.store.verdicts()]
+            self.needs = unit_needs(units, verdicts, provenance_module.gpu_model())
         ready: queue.Queue = queue.Queue()
         waiting: dict[str, list[Unit]] = {}  # submission hash → its units, held until it is built
         for unit in units:
@@ -340,6 +351,15 @@ class LocalExecutor:
             return _alone(unit, device_options, sink)
         return verdict
 
+    def _admitted(self, unit: Unit, device_options: CheckOptions) -> CheckOptions:
+        """The unit's options with its memory admission on its device's ledger, where the device has one."""
+        ledger = self.ledgers.get(device_options.device)
+        if ledger is None or device_options.sharing is None:
+            return device_options
+        admission = Admission(ledger, unit.key, self.needs.get(unit.key))
+        return dataclasses.replace(device_options,
+                                   sharing=dataclasses.replace(device_options.sharing, admission=admission))
+
     def _evaluate_from(self, ready: queue.Queue, device: str, sink: Sink) -> None:
         device_options = dataclasses.replace(self.options, device=device, sharing=self.sharing.get(device))
         while not sink.stopped:
@@ -348,7 +368,7 @@ class LocalExecutor:
                 return
             started = time.monotonic()
             try:
-                verdict = self._evaluate_once_more_alone(unit, device_options, sink)
+                verdict = self._evaluate_once_more_alone(unit, self._admitted(unit, device_options), sink)
             except InfrastructureError as error:
                 sink.error(unit, str(error))
                 continue
