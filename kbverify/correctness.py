@@ -7,7 +7,7 @@ exact-fp32 reference. Because the verified baseline runs with TF32, a candidate 
 must pass: where the baseline's own error is not negligible, the candidate may err up to `baseline_allowance` times
 the baseline's error, norm-wise and in the element-wise worst case. Likewise an honest fp32 kernel that sums in
 another order: where the exact reference's own rounding (against a float64 run) is not negligible, the candidate
-may err up to ROUNDING_ALLOWANCE times it. Zeros on a tiny-magnitude output have a norm-wise error of 1.0 and fail
+may err up to `rules.rounding_allowance` times it. Zeros on a tiny-magnitude output have a norm-wise error of 1.0 and fail
 whatever the magnitudes.
 
 Where the judge also compared the candidate with the exact answer (the reference model run in float64:

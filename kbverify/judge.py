@@ -21,7 +21,7 @@ from kbverify.protocols import Protocol
 from kbverify.records import BuildRecord, SetResult
 from kbverify.static import StaticScan, classify_build_error
 from kbverify.status import Status, Warn, worst
-from kbverify.timing_verdict import EXCESSIVE_SPEEDUP, _refusal
+from kbverify.timing_verdict import _refusal
 
 # Warnings derived from the input sets alone: a rejudge under other rules derives them again from the sets it keeps.
 SET_WARNINGS = (Warn.BASELINE_ALLOWANCE_USED.value, Warn.NO_VALID_INPUT_SETS.value, Warn.SHAPE_SPECIALIZED.value,
@@ -410,13 +410,13 @@ def timed_failure(record: dict, protocol: Protocol, *, forged: str, stopped: str
 
 # ---- the original protocol ----------------------------------------------------------------------------------------
 
-def speedup_of(ref_ms: float, cand_ms: float) -> tuple[float, list[str]]:
+def speedup_of(ref_ms: float, cand_ms: float, rules) -> tuple[float, list[str]]:
     """A mean-time speedup, as KernelBench reports it, and the warning an implausible one earns."""
     speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
-    return speedup, [Warn.EXCESSIVE_SPEEDUP.value] if speedup > EXCESSIVE_SPEEDUP else []
+    return speedup, [Warn.EXCESSIVE_SPEEDUP.value] if speedup > rules.excessive_speedup else []
 
 
-def decide_kernelbench(record: dict, static: StaticScan) -> KernelbenchDecision:
+def decide_kernelbench(record: dict, static: StaticScan, protocol: Protocol) -> KernelbenchDecision:
     """The original protocol's one evaluation record (its child checks and times in one job). A COMPILE_ERROR
     here may still be found to be the machine's by the runner."""
     build = build_record(static, record.get("extensions"))
@@ -435,7 +435,7 @@ def decide_kernelbench(record: dict, static: StaticScan) -> KernelbenchDecision:
         else:
             timing["baseline"] = baseline
             ref_ms, cand_ms = baseline["runtime_ms"], record["runtime_ms"]
-            speedup, excessive = speedup_of(ref_ms, cand_ms)
+            speedup, excessive = speedup_of(ref_ms, cand_ms, protocol.rules)
             warnings += excessive
             if baseline.get("input_shapes") != record.get("input_shapes"):
                 timing["input_shapes_differ"] = True

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kbverify.errors import InputError
 from kbverify.inputs import KERNELBENCH_TRIAL_SEEDS
+from kbverify.rules import DEFAULT_RULES, Rules
 
 # mixed_sign: per-element random signs (SPEC §3); the verified preset uses every distribution
 ALL_DISTRIBUTIONS = ("x1", "x3", "x0.01", "neg", "shifted", "wide", "mixed_sign")
@@ -57,6 +58,8 @@ class Protocol:
     # re-randomised weights given to the built candidate through its own load_state_dict (how users load trained
     # weights) are tried on these, at the task's own shapes; needs rerandomized_weights
     loaded_distributions: tuple[str, ...] = ()
+    # the judge's thresholds beyond the limits above (kbverify.rules): one frozen record per protocol
+    rules: Rules = DEFAULT_RULES
 
     def with_overrides(self, **overrides) -> "Protocol":
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -68,6 +71,10 @@ class Protocol:
                 bad = set(overrides[key]) - set(ALL_DISTRIBUTIONS)
                 if bad:
                     raise InputError(f"protocol {self.name}: unknown distribution(s) {', '.join(sorted(bad))}")
+        if "rules" in overrides and not isinstance(overrides["rules"], Rules):
+            if not isinstance(overrides["rules"], dict):
+                raise InputError(f"protocol {self.name}: rules must be an object of thresholds")
+            overrides["rules"] = self.rules.with_overrides(overrides["rules"])
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict:
@@ -75,7 +82,19 @@ class Protocol:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        """The protocol's identity. Default rules are left out, so a protocol hashes as it did before the rules
+        record existed and stored verdicts keep matching it; changed rules change the hash."""
+        data = self.to_dict()
+        if self.rules == DEFAULT_RULES:
+            del data["rules"]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def protocol_from_dict(data: dict) -> Protocol:
+    """A protocol from its `to_dict` (as a store or a worker's payload holds it)."""
+    tuples = {key: tuple(data[key]) for key in ("distributions", "rerandomized_distributions",
+                                                  "loaded_distributions") if key in data}
+    return Protocol(**{**data, **tuples, "rules": Rules.from_dict(data.get("rules"))})
 
 
 ORIGINAL = Protocol(
@@ -160,6 +179,10 @@ def _checked_field(key: str, value, base: Protocol):
             raise InputError(f"{key} must be a list of distribution names ({', '.join(ALL_DISTRIBUTIONS)})")
         if key == "distributions" and not value:
             raise InputError("distributions must name at least one distribution")
+        return value
+    if key == "rules":
+        if not isinstance(value, dict):
+            raise InputError("rules must be an object of thresholds (kbverify.rules.Rules)")
         return value
     if key == "name":
         if not isinstance(value, str) or not value.strip() or "," in value:

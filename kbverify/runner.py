@@ -260,7 +260,7 @@ def _check_kernelbench(context: _Context) -> Verdict:
         build = judge.build_record(context.static, None)
         return _base_verdict(context, status, message=detail, build=build,
                              warnings=tuple(judge.code_path_warnings(context.static, build)))
-    decided = judge.decide_kernelbench(evaluation.result, context.static)
+    decided = judge.decide_kernelbench(evaluation.result, context.static, protocol)
     build = decided.build
     if decided.status is Status.COMPILE_ERROR:
         build = _confirm_machine_failure(context, build)
@@ -367,7 +367,7 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
     if baseline.died or "runtime_ms" not in (baseline.result or {}):
         return dataclasses.replace(verdict, status=Status.UNVERIFIABLE, message="the reference could not be timed")
     ref_ms, cand_ms = baseline.result["runtime_ms"], timed.result["runtime_ms"]
-    speedup, excessive = judge.speedup_of(ref_ms, cand_ms)
+    speedup, excessive = judge.speedup_of(ref_ms, cand_ms, protocol.rules)
     warnings = list(verdict.warnings) + excessive
     return dataclasses.replace(verdict, speedup=speedup, ref_time_ms=ref_ms, cand_time_ms=cand_ms,
                                warnings=tuple(dict.fromkeys(warnings)),
@@ -443,7 +443,8 @@ def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, targ
                                          target_half_width=target, check=check,
                                          distributions=payload.get("timed_distributions") or ("x1",),
                                          hang=context.hang(),
-                                         kinds=_kinds(context), outdir=outdir if check else None)
+                                         kinds=_kinds(context), outdir=outdir if check else None,
+                                         rules=context.protocol.rules)
     _note_child(context, job, outcome)
     return _unclaimed(outcome), driven
 
@@ -482,9 +483,9 @@ def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:
         if cached is not None:
             return float(cached)
     if clean is None or not clean.get("rounds"):
-        return stats.DEFAULT_NOISE_MARGIN
+        return context.protocol.rules.default_noise_margin
     rounds = [(r["ref_ms"], r["cand_ms"]) for r in clean["rounds"]]
-    margin = float(stats.noise_margin_from_aa(rounds))
+    margin = float(stats.noise_margin_from_aa(rounds, floor=context.protocol.rules.default_noise_margin))
     if margin_cache is not None:
         margin_cache.put(key, margin)
     return margin

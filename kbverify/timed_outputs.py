@@ -13,15 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kbverify.allowances import ROUNDING_ALLOWANCE
 from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.status import Status, Warn
 
-# Over GROSS_FACTOR x the limit on one call is a wrong output; a smaller excess on more than MARGINAL_FRACTION of the
-# checked calls is a timed path that computes differently (a tighter share lets a timed path that downgrades
-# precision on a few calls gain little).
-GROSS_FACTOR = 3.0
-MARGINAL_FRACTION = 0.1
+# The factors are the protocol's rules (kbverify.rules: stale_gross_factor, stale_marginal_fraction).
 _NOT_COMMITTED = "the copy handed over is not the one whose digest came with the batch's times"
 _NAN_NOTE = ("a returned tensor that is kept and not recomputed reads NaN, which the harness writes into every "
              "floating output tensor after copying it")
@@ -40,7 +35,7 @@ def judge_timed_outputs(stale: dict, protocol) -> StaleFinding:
     """The check's record (`{"checked", "calls"}`; older records: `{"checked", "mismatches", ...}`) under
     `protocol`."""
     if "calls" not in stale:
-        return _judge_projections(stale)
+        return _judge_projections(stale, protocol.rules)
     calls = [c for c in stale["calls"] if isinstance(c, dict)]
     structure = [c["call"] for c in calls if c.get("wrong_structure")]
     if structure:
@@ -52,7 +47,7 @@ def judge_timed_outputs(stale: dict, protocol) -> StaleFinding:
     wrong = [(c, _call_outcome(c, protocol)) for c in judged]
     wrong = [(c, detail, gross) for c, (ok, detail, gross) in wrong if not ok]
     checked = len(judged) + len(missing)
-    if missing or any(gross for _, _, gross in wrong) or len(wrong) > MARGINAL_FRACTION * max(checked, 1):
+    if missing or any(gross for _, _, gross in wrong) or len(wrong) > protocol.rules.stale_marginal_fraction * max(checked, 1):
         if missing:
             call, why = missing[0]["call"], (missing[0].get("missing") or missing[0].get("candidate_output_error")
                                              or _NOT_COMMITTED)
@@ -84,13 +79,13 @@ def _call_outcome(call: dict, protocol) -> tuple[bool, str, bool]:
     limit = _norm_limit(call, protocol)
     parts = comparison["outputs"]
     gross = any("type_mismatch" in p or p.get("nonfinite_mismatch") or not math.isfinite(p.get("norm_rel", math.inf))
-                or p.get("norm_rel", 0.0) > GROSS_FACTOR * limit[i] for i, p in enumerate(parts))
+                or p.get("norm_rel", 0.0) > protocol.rules.stale_gross_factor * limit[i] for i, p in enumerate(parts))
     return False, detail, gross
 
 
 def _norm_limit(call: dict, protocol) -> list[float]:
     """Per output: the widest norm-wise limit the rule grants it (the protocol's, the TF32 baseline's error times
-    its allowance, the fp32 reference's own error against float64 times ROUNDING_ALLOWANCE)."""
+    its allowance, the fp32 reference's own error against float64 times the rounding allowance)."""
     limits = []
     for index, _ in enumerate(call["comparison"]["outputs"]):
         limit = protocol.norm_rtol or protocol.rtol
@@ -99,7 +94,7 @@ def _norm_limit(call: dict, protocol) -> list[float]:
             limit = max(limit, protocol.baseline_allowance * base)
         rounding = _part(call.get("reference_vs_fp64"), index)
         if rounding is not None:
-            limit = max(limit, ROUNDING_ALLOWANCE * rounding)
+            limit = max(limit, protocol.rules.rounding_allowance * rounding)
         limits.append(limit)
     return limits
 
@@ -112,7 +107,7 @@ def _part(summary: dict | None, index: int) -> float | None:
 
 # ---- records made with projections (before whole copies): rejudged by their own numbers -------------------------
 
-def _judge_projections(stale: dict) -> StaleFinding:
+def _judge_projections(stale: dict, rules) -> StaleFinding:
     """A projection mismatch is evidence only where its norm-wise error is over its own limit: the projections'
     second estimate flagged calls at a norm-wise error of 0 (a ConvTranspose2d with a clamp, on an H100)."""
     if stale.get("n_wrong_structure"):
@@ -125,8 +120,8 @@ def _judge_projections(stale: dict) -> StaleFinding:
     count = len(listed) + unlisted
     if not count:
         return StaleFinding(None)
-    gross = [m for m in listed if _projection_gross(m)]
-    if gross or unlisted or count > MARGINAL_FRACTION * stale["checked"]:
+    gross = [m for m in listed if _projection_gross(m, rules)]
+    if gross or unlisted or count > rules.stale_marginal_fraction * stale["checked"]:
         first = (gross or listed or [{"call": "?", "why": "not listed"}])[0]
         return StaleFinding(Status.EXPLOIT_STALE_OUTPUT, f"{count} of {stale['checked']} checked timed outputs "
                             f"are wrong for their inputs ({_projection_text(first)})")
@@ -140,11 +135,11 @@ def _over_its_limit(mismatch: dict) -> bool:
     return error > limit
 
 
-def _projection_gross(mismatch: dict) -> bool:
+def _projection_gross(mismatch: dict, rules) -> bool:
     error, limit = mismatch.get("relative_error"), mismatch.get("limit")
     if not isinstance(error, (int, float)) or not isinstance(limit, (int, float)) or not math.isfinite(error):
         return True
-    return error > GROSS_FACTOR * limit
+    return error > rules.stale_gross_factor * limit
 
 
 def _projection_text(mismatch: dict) -> str:

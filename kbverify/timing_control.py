@@ -21,16 +21,13 @@ import time
 from dataclasses import dataclass, field
 
 from kbverify import stats
+from kbverify.rules import DEFAULT_RULES, Rules
 
 CALLS_PER_SIDE = 3
 MAX_ROUNDS = 2000
 STALE_CHECKS = 24
 MIN_STALE_CHECKS = 3
 STALE_BYTES = 2 << 30  # the most the reservoir's copies may hold on disk, where that leaves MIN_STALE_CHECKS
-REPLY_SLACK_MS = 0.05  # the parent's clock reads a little after the worker's last event: rounding, not time
-UNEXPLAINED_ABS_MS = 0.005  # per call: what two batches of the same harness work may differ by systematically
-UNEXPLAINED_FRACTION = 0.1  # of the candidate's claimed time: the most its device-clock speedup may be inflated
-FEW_ROUNDS = 5  # below this many judged rounds, each must account for its times (no order-statistic bound)
 
 
 class TimingForged(Exception):
@@ -91,14 +88,14 @@ def side_key(side: str, kind: str, suffix: str = "ms") -> str:
 
 def drive(child, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
           max_rounds: int = MAX_ROUNDS, check: bool = True, distributions=("x1",), kinds=KINDS,
-          outdir: str | None = None) -> Driven:
+          outdir: str | None = None, rules: Rules = DEFAULT_RULES) -> Driven:
     """Command the rounds of one timing worker (`child` a kbverify.sandbox running child). Stops on the stopping
     rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake.
 
     Every round has one batch per side and kind, in an order drawn here; every call of a round draws the round's
     distribution (the correctness sets' own, in turn from a random start), so both sides of a round are timed on
     like values and no timed call can be told from a checked one by its values. `outdir`: the folder the worker
-    writes the chosen calls' copies to (checking needs one)."""
+    writes the chosen calls' copies to (checking needs one). `rules`: the protocol's (its reply slack)."""
     check = check and outdir is not None
     rng = random.Random(int.from_bytes(os.urandom(16), "little"))
     driven = Driven()
@@ -118,7 +115,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         try:
             for kind, side in batches:
                 _batch(child, side, kind, distribution, rng, entry, calls,
-                       checking if side == "cand" else None, deadline)
+                       checking if side == "cand" else None, deadline, rules.reply_slack_ms)
         except TimingForged as error:
             driven.forged = str(error)
             break
@@ -177,7 +174,7 @@ def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: floa
 
 def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
         keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True,
-        distributions=("x1",), hang=None, kinds=KINDS, outdir: str | None = None):
+        distributions=("x1",), hang=None, kinds=KINDS, outdir: str | None = None, rules: Rules = DEFAULT_RULES):
     """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
     from kbverify.sandbox import ChildSpec, run_children
 
@@ -186,7 +183,7 @@ def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | N
     def converse(child) -> None:
         holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
                                  deadline=child.started + timeout_s, check=check, distributions=distributions, kinds=kinds,
-                                 outdir=outdir)
+                                 outdir=outdir, rules=rules)
 
     outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse,
                                       hang=hang, writable=(outdir,) if outdir else ())])[0]
@@ -205,7 +202,7 @@ class _Checking:
 
 
 def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
-           checking: "_Checking | None", deadline: float) -> None:
+           checking: "_Checking | None", deadline: float, slack_ms: float) -> None:
     seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
     first = calls[side]
     asked = time.monotonic()
@@ -237,7 +234,7 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
             or reply.get("batch_kind", "device") != kind
             or not all(_finite_positive(t) for t in times) or reply.get("first_call") != first):
         raise TimingForged(f"the {side} batch's reply is not one the harness sends: {str(reply)[:200]}")
-    if sum(times) > wall_ms + REPLY_SLACK_MS:
+    if sum(times) > wall_ms + slack_ms:
         raise TimingForged(f"the {side} batch claimed {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of the "
                            "parent's own clock")
     calls[side] += len(seeds)
@@ -357,101 +354,6 @@ def _silence(child, what: str) -> str:
 
 def _finite_positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-def unexplained_ms(rounds: list) -> dict:
-    """Per call and side: the parent's wall time its own times leave unaccounted for, over all rounds and both
-    kinds of batch."""
-    out = {}
-    for side in ("ref", "cand"):
-        calls = wall = timed = 0.0
-        for r in rounds:
-            for kind in KINDS:
-                times = r.get(side_key(side, kind), ())
-                calls += len(times)
-                wall += r.get(side_key(side, kind, "wall_ms"), 0.0)
-                timed += sum(times)
-        out[side] = (wall - timed) / calls if calls else None
-    return out
-
-
-def device_time_confirmed(rounds: list, kinds=KINDS) -> tuple[bool, dict]:
-    """Whether the parent's clock accounts for the candidate's device times as it does for the reference's.
-
-    Per round, d = (what the candidate's batch left unexplained per call) - (the same for the reference's). An
-    honest kernel whose host work the device-side hold covers has d about 0: both batches do the same harness
-    work around calls that take what they say. Times shrunk by a factor k leave d = (1 - 1/k) of the true time.
-    The device clock is not confirmed when d's median is, with 95% confidence, above UNEXPLAINED_FRACTION of the
-    candidate's own claimed time (and above UNEXPLAINED_ABS_MS), or past it and above zero with 80% confidence:
-    its speedup could then be inflated by more than that fraction. The test is on the median of paired rounds, so
-    the harness's own jitter, however large next to a microsecond kernel, averages out instead of widening the
-    allowance.
-
-    `kinds`: the kinds of batch judged. Each clock is judged on its own kind's batches (kbverify.timing_verdict):
-    pooled, device-kind times inflated into the hold's share of their batch paid for host-kind times shrunk
-    tenfold (a red team's record: 0.10 ms credited 0.01 ms on both clocks)."""
-    differences = _differences(_rounds_the_estimate_rests_on(rounds, kinds), kinds)
-    seen = {**unexplained_ms(rounds), "rounds": len(_differences(rounds, kinds)), "judged_rounds": len(differences)}
-    if not differences:
-        return True, seen  # no batch of these kinds: no clock of them to confirm
-    claimed = sorted(t for r in rounds for kind in kinds for t in r.get(side_key("cand", kind), ()))
-    threshold = max(UNEXPLAINED_ABS_MS, UNEXPLAINED_FRACTION * claimed[len(claimed) // 2])
-    n = len(differences)
-    if n < FEW_ROUNDS:
-        # too few for an order-statistic bound (with two it is their minimum, and one honest-looking round
-        # vouched for a shrunk one: 4.5x; one round confirmed anything): every round must account for its times.
-        # Few rounds in a budget means long calls, next to which the harness's jitter is small.
-        seen.update({"median_difference_ms": differences[n // 2], "max_difference_ms": differences[-1],
-                     "threshold_ms": threshold})
-        return differences[-1] <= threshold, seen
-    median = differences[n // 2]
-    lower = _median_lower_bound(differences, 1.96)  # 95%
-    # With few rounds (a short budget) the 95% bound rarely clears anything: a median past the threshold that is
-    # above zero at 80% confidence is enough to fall back on the parent's clock, which is never an accusation.
-    likely = median > threshold and _median_lower_bound(differences, 1.2816) > 0
-    seen.update({"median_difference_ms": median, "lower_bound_ms": lower, "threshold_ms": threshold})
-    return not (lower > threshold or likely), seen
-
-
-def _median_lower_bound(ordered: list, z: float) -> float:
-    """The order-statistic lower confidence bound of a median (normal approximation to the sign test)."""
-    n = len(ordered)
-    return ordered[max(0, int(n / 2 - z * math.sqrt(n) / 2) - 1)]
-
-
-def _rounds_the_estimate_rests_on(rounds: list, kinds) -> list:
-    """The rounds whose speedup is at least the median round's (of the kinds given): the speedup is a median of
-    per-round ratios, so only those can have raised it. Judged over every round, a candidate that shrank its times
-    in just over half of them and claimed a little more than its true time in the rest (d below zero there) held
-    the order-statistic bound of d's median at zero, and was credited 9.9x for a 1.5x kernel (a red team's
-    record); a median moved by the shrunk rounds needs more than half of them shrunk, and then this half is
-    nearly all shrunk."""
-    scored = []
-    for r in rounds:
-        ref = [t for kind in kinds for t in r.get(side_key("ref", kind)) or ()]
-        cand = [t for kind in kinds for t in r.get(side_key("cand", kind)) or ()]
-        if ref and cand and min(cand) > 0:
-            scored.append((sum(ref) / len(ref) / (sum(cand) / len(cand)), r))
-    scored.sort(key=lambda pair: pair[0])
-    return [r for _, r in scored[(len(scored) - 1) // 2:]]
-
-
-def _differences(rounds: list, kinds) -> list:
-    """Per round, sorted: the candidate's unexplained time per call less the reference's, over `kinds`."""
-    pairs = ((_unexplained(r, "cand", kinds), _unexplained(r, "ref", kinds)) for r in rounds)
-    return sorted(cand - ref for cand, ref in pairs if cand is not None and ref is not None)
-
-
-def _unexplained(round_record: dict, side: str, kinds=KINDS) -> float | None:
-    """One round's unexplained time per call of one side, over the kinds of batch given (the hold's length
-    is in the device kind's, the same for both sides, so it cancels in the difference)."""
-    calls = unexplained = 0.0
-    for kind in kinds:
-        times, wall = round_record.get(side_key(side, kind)), round_record.get(side_key(side, kind, "wall_ms"))
-        if times and wall is not None:
-            calls += len(times)
-            unexplained += wall - sum(times)
-    return unexplained / calls if calls else None
 
 
 def net_wall_rounds(rounds: list, kind: str = "device") -> list:

@@ -7,22 +7,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kbverify import stats, timing_control, timing_modes
+from kbverify import stats, timing_confirmation, timing_control, timing_modes
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict
 from kbverify.status import Status, Warn
 from kbverify.timed_outputs import judge_timed_outputs
 
-EXCESSIVE_SPEEDUP = 10.0
-IMPOSSIBLE_MARGIN = 0.5  # below half the time needed just to read the inputs once at peak bandwidth
-REFERENCE_SLOWDOWN_TOLERANCE = 1.1  # beyond this, the reference's speed comes from the clean process
-# On a CPU two processes' copies of one reference differ more (an honest README example read 1.16x on a 2-core
-# machine); a reference run several times over beside the candidate is still far past this.
-CPU_REFERENCE_SLOWDOWN_TOLERANCE = 1.5
-UNSYNC_GAP_FRACTION = 0.2
-UNSYNC_GAP_MIN_MS = 0.02
-HOST_TIMED_FRACTION = 0.1
-HOST_JITTER_MS = 0.05
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
                   "float32_matmul_precision": "highest", "mkldnn_enabled": False}
 
@@ -37,15 +27,15 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     if not rounds:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
     choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
-    by_kind, seen = _confirmation(all_rounds)
-    hastened = _hastened_kinds(all_rounds, clean, on_gpu) if protocol.guards else ()
+    by_kind, seen = _confirmation(all_rounds, protocol.rules)
+    hastened = _hastened_kinds(all_rounds, clean, on_gpu, protocol.rules) if protocol.guards else ()
     for kind in hastened:
         by_kind[kind] = False
     confirmed = all(by_kind.values())
     clocks = _on_walls(timing_modes.clocks(all_rounds, confirmed=by_kind, cap=on_gpu), hastened)
     if choice.mode == "cpu" and "host" not in clocks:  # one measurement on a CPU: the host clock is the device's
         clocks["host"] = clocks["device"]
-    margin = float(verdict.timing.get("noise_margin", stats.DEFAULT_NOISE_MARGIN))
+    margin = float(verdict.timing.get("noise_margin", protocol.rules.default_noise_margin))
     warnings = list(verdict.warnings)
     status, message = verdict.status, verdict.message
     if protocol.guards:  # on the device clock's capped times: the smallest a side's call is credited with
@@ -72,7 +62,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         warnings.append(Warn.REFERENCE_HASTENED.value)
     used = choice.headline_kind if choice.headline_kind in adjusted else "device"
     estimate, ref_ms, cand_ms = adjusted[used]
-    if estimate.speedup > EXCESSIVE_SPEEDUP:
+    if estimate.speedup > protocol.rules.excessive_speedup:
         warnings.append(Warn.EXCESSIVE_SPEEDUP.value)
     if _throttled(all_rounds):
         warnings.append(Warn.THROTTLED.value)
@@ -101,25 +91,25 @@ def _throttled(rounds: list) -> bool:
     return bool(sm_clocks) and min(sm_clocks) < 0.9 * max(sm_clocks)
 
 
-def _confirmation(rounds: list) -> tuple[dict, dict]:
+def _confirmation(rounds: list, rules) -> tuple[dict, dict]:
     """Whether the parent's clock confirms the worker's times, per kind of batch (timing_control.
     device_time_confirmed), each clock on its own batches: judged together, device-kind times inflated into the
     hold's share of their batch paid for host-kind times shrunk tenfold, and a forward that waits on the device
     (it waits out the hold inside its call: 0.11 ms a call more unexplained than the reference on an H100) had its
     host clock, the one its verdict reads, sent to the net wall with its device kind's."""
-    by_kind, seen = {}, {**timing_control.unexplained_ms(rounds), "by_kind": {}}
+    by_kind, seen = {}, {**timing_confirmation.unexplained_ms(rounds), "by_kind": {}}
     for kind in timing_control.KINDS:
-        by_kind[kind], seen["by_kind"][kind] = timing_control.device_time_confirmed(rounds, kinds=(kind,))
+        by_kind[kind], seen["by_kind"][kind] = timing_confirmation.device_time_confirmed(rounds, rules, kinds=(kind,))
     return by_kind, seen
 
 
-def _hastened_kinds(rounds: list, clean: dict | None, on_gpu: bool) -> tuple:
+def _hastened_kinds(rounds: list, clean: dict | None, on_gpu: bool, rules) -> tuple:
     """The kinds of batch whose reference, beside the candidate, read faster than the clean process's beyond the
     tolerance. Both sides' times come from the candidate's process: shrunk alike, they leave the parent's clock
     no more unexplained on one side than on the other, so the confirmation passes them, and the speedup grows
     (a red team's record: both shrunk by 0.09 ms a call, a true 1.5x read 6.0x). A slowed reference is taken
     against the clean time (`_against_clean_reference`); a hastened one voids both sides' reported times."""
-    tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
+    tolerance = rules.slowdown_tolerance(on_gpu)
     out = []
     for kind in timing_control.KINDS:
         cap = on_gpu and kind == "device"
@@ -158,8 +148,8 @@ def _adjusted(clock, rounds: list, clean: dict | None, protocol: Protocol, on_gp
     # on the CPU too: nothing else compares the reference beside the candidate; the net wall clock keeps the
     # reference's reported times, so they are compared as the worker's clock's are
     if (confirmed or clock.source == "net_wall") and protocol.guards:
-        tolerance = REFERENCE_SLOWDOWN_TOLERANCE if on_gpu else CPU_REFERENCE_SLOWDOWN_TOLERANCE
-        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, beside, clean_groups, tolerance)
+        estimate, ref_ms, slowed = _against_clean_reference(estimate, ref_ms, beside, clean_groups,
+                                                            protocol.rules.slowdown_tolerance(on_gpu))
     differences = _instance_differences(beside, clean_groups, slowed)
     spread, dof = stats.instance_spread(differences)
     # what the interval was widened by, kept with the clock: an A/A whose paired interval is a point reads
@@ -240,8 +230,7 @@ def _instance_differences(beside: dict, clean: dict, slowed: bool) -> list[float
     return differences
 
 
-def _against_clean_reference(estimate, ref_ms: float, beside: dict, clean: dict,
-                             tolerance: float = REFERENCE_SLOWDOWN_TOLERANCE):
+def _against_clean_reference(estimate, ref_ms: float, beside: dict, clean: dict, tolerance: float):
     """The reference timed beside the candidate against the same reference timed in a process the candidate never
     touched (batches of one kind, by distribution). Where it ran slower beside the candidate (by sabotage, or by
     host-side effects that launch-bound references feel), the speedup is taken against the clean time, so a
@@ -294,6 +283,7 @@ def _timing_guards(record: dict, timed_outputs: dict, on_gpu: bool, ref_ms: floa
     if slowing or record.get("torch_functions_changed"):
         what = slowing[0] if slowing else {"replaced": record["torch_functions_changed"][:6]}
         return Status.EXPLOIT_BASELINE_TAMPER, f"changed what the baseline runs: {what}", warnings
+    rules = protocol.rules
     stale = judge_timed_outputs(timed_outputs, protocol)
     if stale.status is not None:
         return stale.status, stale.message, warnings
@@ -306,39 +296,39 @@ def _timing_guards(record: dict, timed_outputs: dict, on_gpu: bool, ref_ms: floa
     gaps = record.get("settle_gaps_ms") or {}
     if on_gpu and gaps.get("cand") and gaps.get("ref"):
         excess = _median(gaps["cand"]) - _median(gaps["ref"])
-        if excess > max(UNSYNC_GAP_MIN_MS, UNSYNC_GAP_FRACTION * (cand_ms + excess)):
+        if excess > max(rules.unsync_gap_min_ms, rules.unsync_gap_fraction * (cand_ms + excess)):
             return (Status.EXPLOIT_UNSYNCHRONIZED, f"the device kept working {excess:.3f} ms after the end event "
                     f"(reference: {_median(gaps['ref']):.3f} ms)", warnings)
     threads = (record.get("threads_started") or {}).get("cand", 0)
     if threads > 0:
         warnings.append(Warn.THREADS_STARTED.value)
-    if on_gpu and _host_time_timed(record):
+    if on_gpu and _host_time_timed(record, rules):
         warnings.append(Warn.HOST_TIME_TIMED.value)
-    if on_gpu and _host_overhead(record, ref_ms):
+    if on_gpu and _host_overhead(record, ref_ms, rules):
         warnings.append(Warn.HOST_OVERHEAD.value)
     known = {w.value for w in Warn}
     warnings += [w for w in record.get("warnings") or [] if w in known]
     if on_gpu and record.get("peak_bandwidth_gbps") and record.get("input_bytes"):
         moved = record["input_bytes"] + record.get("output_bytes", 0)
         floor_ms = moved / (record["peak_bandwidth_gbps"] * 1e9) * 1e3
-        if cand_ms < IMPOSSIBLE_MARGIN * floor_ms:
+        if cand_ms < rules.impossible_margin * floor_ms:
             return (Status.EXPLOIT_IMPOSSIBLE_SPEED, f"{cand_ms:.4f} ms per call is below the time to read the inputs "
                     f"and write the outputs once ({floor_ms:.4f} ms at {record['peak_bandwidth_gbps']:.0f} GB/s)", warnings)
     return Status.PASSED, "", warnings
 
 
-def _host_time_timed(record: dict) -> bool:
+def _host_time_timed(record: dict, rules) -> bool:
     """More than a tenth of either side's timed calls had host work longer than the hold before them: for those the
     time includes launch overhead, and `verified` otherwise times the device's work only."""
     uncovered = record.get("uncovered_calls") or {}
     for side, key in (("ref", "ref_ms"), ("cand", "cand_ms")):
         calls = sum(len(r.get(key, ())) for r in record.get("rounds", []))
-        if calls and uncovered.get(side, 0) > HOST_TIMED_FRACTION * calls:
+        if calls and uncovered.get(side, 0) > rules.host_timed_fraction * calls:
             return True
     return False
 
 
-def _host_overhead(record: dict, ref_ms: float) -> bool:
+def _host_overhead(record: dict, ref_ms: float, rules) -> bool:
     """The device time `verified` reports leaves the host's work out. Where the candidate's host work per call
     exceeds the reference's by more than the reference's whole device time, a caller that waits for each call
     would find it slower than the reference however fast its kernels are. (Both sides' host times include the
@@ -348,7 +338,7 @@ def _host_overhead(record: dict, ref_ms: float) -> bool:
     ref_host, cand_host = (host.get("ref") or {}).get("p50"), (host.get("cand") or {}).get("p50")
     if not isinstance(ref_host, (int, float)) or not isinstance(cand_host, (int, float)):
         return False
-    return cand_host - ref_host > max(ref_ms, HOST_JITTER_MS, 0.5 * ref_host)
+    return cand_host - ref_host > max(ref_ms, rules.host_jitter_ms, 0.5 * ref_host)
 
 
 def _median(values: list[float]) -> float:

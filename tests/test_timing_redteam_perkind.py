@@ -1,5 +1,5 @@
 """Red team of the per-kind confirmation (6acd058): each clock (device, host) is confirmed on its own kind's
-batches (timing_control.device_time_confirmed with kinds=(kind,)) and takes the net wall of its own kind where
+batches (timing_confirmation.device_time_confirmed with kinds=(kind,)) and takes the net wall of its own kind where
 that kind is unconfirmed; the device clock is capped at the host clock's side medians (timing_modes._capped).
 
 What the candidate's worker reports (both sides' per-call times, the hold probe, the settle gaps, n_unsettled) is
@@ -50,12 +50,13 @@ from test_timing_modes import _clean, _probe, _unexplained_rounds, _verdict
 from kbverify.clocks import clock_view
 from kbverify.protocols import VERIFIED
 from kbverify.runner import decide_timing
-from kbverify.timing_control import UNEXPLAINED_FRACTION, side_key
+from kbverify.rules import DEFAULT_RULES
+from kbverify.timing_control import side_key
 
 REF_MS = 0.15
 TRUE_MS = 0.10
 HONEST = REF_MS / TRUE_MS
-GAIN_ALLOWED = 1 + UNEXPLAINED_FRACTION + 0.02  # the threshold's 10%, and the jitter's share
+GAIN_ALLOWED = 1 + DEFAULT_RULES.unexplained_fraction + 0.02  # the threshold's 10%, and the jitter's share
 
 
 def _speedups(verdict) -> dict:
@@ -68,7 +69,7 @@ def _judge(rounds, **kwargs):
 
 def _honest_count(n: int) -> int:
     """The fewest rounds with d <= 0 that keep the 80% rule's lower bound at or below zero
-    (timing_control._median_lower_bound at z = 1.2816): it takes the (k+1)-th smallest d."""
+    (timing_confirmation._median_lower_bound at z = 1.2816): it takes the (k+1)-th smallest d."""
     return max(0, int(n / 2 - 1.2816 * math.sqrt(n) / 2) - 1) + 1
 
 

@@ -40,7 +40,7 @@ finer answer.
 
 from kbverify.audit.judge import assess, task_identifier
 from kbverify.audit.partial import finished_keys, merge_partials, settings_fingerprint
-from kbverify.audit.protocols import (covers, every_distribution, judged_protocols, protocol_from_dict, read_by_mostly,
+from kbverify.audit.protocols import (covers, every_distribution, judged_protocols, read_by_mostly,
                                       resolve_protocols, with_identity_variants)
 from kbverify.audit.records import (ALWAYS_DEGENERATE, FORMAT, INPUT_INDEPENDENT_KERNELS, NEAR_ATOLS, NULL_KERNELS,
                                     REPORTED_ONLY, AuditReport, AuditSettings, AuditThresholds, TaskAudit)
@@ -50,6 +50,6 @@ from kbverify.audit.run import audit_tasks, worker_payload
 __all__ = ["ALWAYS_DEGENERATE", "FORMAT", "INPUT_INDEPENDENT_KERNELS", "NEAR_ATOLS", "NULL_KERNELS", "REPORTED_ONLY",
            "AuditReport", "AuditSettings", "AuditThresholds", "TaskAudit", "assess", "audit_tasks",
            "audit_to_json_summary", "covers", "every_distribution", "finished_keys", "judged_protocols",
-           "load_exclusions", "merge_partials", "protocol_from_dict", "read_by_mostly", "render_markdown",
+           "load_exclusions", "merge_partials", "read_by_mostly", "render_markdown",
            "resolve_protocols", "settings_fingerprint", "task_identifier", "with_identity_variants", "worker_payload",
            "write_report"]

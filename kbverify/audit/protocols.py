@@ -18,10 +18,6 @@ def covers(protocol: Protocol, shape: str, distribution: str, weights: str) -> b
             and (shape == "original" or protocol.hidden_shapes))
 
 
-def protocol_from_dict(data: dict) -> Protocol:
-    return Protocol(**{**data, "distributions": tuple(data["distributions"])})
-
-
 def judged_protocols(kernel: str, protocol: Protocol, distributions: Sequence[str]) -> list[Protocol]:
     """The protocols null kernel `kernel` is judged by for `protocol`: the protocol itself, and for the input
     itself also its rule over every audited distribution (the identity test). The worker tracks these only."""

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kbverify.audit.protocols import protocol_from_dict, read_by_mostly
+from kbverify.audit.protocols import read_by_mostly
+from kbverify.protocols import protocol_from_dict
 from kbverify.child.audit_dead import _dead_check
 from kbverify.child.audit_family import (_copy_tf32, _FamilyContext, _OutOfMemory, _set_id, _stop_if_out_of_memory,
                                          _tf32_summary)
