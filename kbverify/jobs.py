@@ -302,6 +302,11 @@ def run_audit(tasks: Path, *, protocols: str, out: Path | None, device: str, hid
     settings = audit.AuditSettings(hidden_dirs=tuple(str(d) for d in hidden_dirs))
     report = audit.audit_tasks(loaded, protocols=chosen, device=device, out_prefix=out, settings=settings,
                                title=tasks.name, progress=_audit_progress(progress, len(loaded), device))
+    if out is not None:  # the report is written: no partial file left to read as a cut run
+        from kbverify.audit.partial import finish_partial, settings_fingerprint
+
+        finish_partial(Path(f"{out}.partial.jsonl"),
+                       settings_fingerprint(protocols=chosen, device=device, settings=settings))
     summary = audit.audit_to_json_summary(report)
     lines = [f"{t['task']}: {'DEGENERATE' if t['degenerate'] else 'ok'}  {', '.join(t['flags'])}"
              for t in summary["tasks"]]

@@ -137,7 +137,8 @@ def test_copies_never_run_two_heavy_tasks_at_once_and_audit_each_task_once(tmp_p
         check=False, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
 
-    lines = {line["name"]: line for line in map(json.loads, Path(f"{prefix}.partial.jsonl").read_text().splitlines())}
+    assert not Path(f"{prefix}.partial.jsonl").exists()  # a finished report leaves no partial file behind
+    lines = {line["name"]: line for line in map(json.loads, Path(f"{prefix}.raw.jsonl").read_text().splitlines())}
     assert sorted(lines) == sorted(name.split("/")[1] for name in (*heavy, *light))
     assert all(line["raw"] is not None for line in lines.values())
     first, second = sorted((lines[name.split("/")[1]] for name in heavy), key=lambda line: line["started_unix_s"])

@@ -16,7 +16,7 @@ from kbverify.audit.copies import copy_claims, run_shards, shard_files, sharing
 from kbverify.audit.gpu_sampler import GpuSampler
 from kbverify.audit.memory import memory_check, memory_needs, update_peaks
 from kbverify.audit.options import AuditOptions
-from kbverify.audit.partial import merge_partials
+from kbverify.audit.partial import finish_partial, merge_partials
 from kbverify.audit.published import compare_with_published
 from kbverify.audit.records import AuditReport
 from kbverify.audit.report import audit_to_json_summary, summary_lines
@@ -50,8 +50,9 @@ def run_audit_options(options: AuditOptions) -> dict:
     if options.shard:
         return {"text": "", "json": None}
     notes = _notes(options, report, needs, state)
+    raw = finish_partial(options.partial, options.fingerprint())
     wall_s = time.monotonic() - started
-    notes.append(f"\nwrote {options.out_prefix}.json and {options.out_prefix}.md")
+    notes.append(f"\nwrote {options.out_prefix}.json, {options.out_prefix}.md and {raw.name} (the raw lines)")
     notes.append(f"total wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) for {len(tasks)} tasks")
     summary = audit_to_json_summary(report)
     return {"text": "\n".join(summary_lines(summary) + notes) + "\n", "json": summary}

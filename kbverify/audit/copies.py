@@ -30,7 +30,7 @@ from pathlib import Path
 import kbverify
 from kbverify.audit.admission import MemoryLedger
 from kbverify.audit.options import AuditOptions
-from kbverify.audit.partial import finished_keys, merge_partials
+from kbverify.audit.partial import finished_keys, merge_partials, raw_path
 from kbverify.mps import MpsState, private_mps
 from kbverify.protocols import parse_protocols
 from kbverify.tasks import Task
@@ -48,7 +48,7 @@ def shard_files(prefix: Path) -> list[Path]:
 def elsewhere(options: AuditOptions) -> set[str]:
     """Tasks whose results an earlier invocation left in another copy's partial file or in the merged one."""
     prefix = Path(str(options.out_prefix).rsplit(".shard", 1)[0])
-    paths = [Path(f"{prefix}.partial.jsonl"), *shard_files(prefix)]
+    paths = [Path(f"{prefix}.partial.jsonl"), Path(f"{prefix}.raw.jsonl"), *shard_files(prefix)]
     return finished_keys([p for p in paths if p != options.partial], protocols=parse_protocols(options.protocol),
                          device=options.device, settings=options.settings())
 
@@ -149,7 +149,7 @@ def run_shards(options: AuditOptions, per_gpu: int, *, fresh: bool, needs: dict 
     claims.mkdir(parents=True)
     (claims / NEEDS_FILE).write_text(json.dumps(needs or {}))
     if fresh:
-        for stale in [options.partial, *shard_files(options.out_prefix)]:
+        for stale in [options.partial, raw_path(options.partial), *shard_files(options.out_prefix)]:
             stale.unlink(missing_ok=True)
     processes = [subprocess.Popen(_copy_command(options, index, shards, claims), env=_copy_environment(env))
                  for index in range(shards)]

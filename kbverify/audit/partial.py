@@ -53,6 +53,21 @@ def merge_partials(target: Path, sources: Sequence[Path], fingerprint: str | Non
     return len(best)
 
 
+def raw_path(partial: Path) -> Path:
+    """Where a finished audit keeps its raw lines: `OUT.raw.jsonl` beside `OUT.partial.jsonl`."""
+    return partial.with_name(partial.name[:-len(".partial.jsonl")] + ".raw.jsonl")
+
+
+def finish_partial(partial: Path, fingerprint: str | None = None) -> Path:
+    """After the report: the partial file's lines folded into the raw file (`raw_path`), and the partial file gone.
+    A partial file left behind reads as a run cut short; the raw lines stay for a rerun (which resumes from them),
+    `--report-only`, `--peaks` and the scripts that replay an audit."""
+    raw = raw_path(partial)
+    if partial.exists():
+        merge_partials(raw, [partial], fingerprint)
+    return raw
+
+
 def read_partial(path: Path | None, fingerprint: str) -> dict[str, dict]:
     """Finished tasks by key. A line cut short by a kill, one from other settings, or one that errored is
     ignored (the task runs again)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbverify.audit.judge import assess
-from kbverify.audit.partial import append_line, partial_lines, read_partial, settings_fingerprint
+from kbverify.audit.partial import append_line, partial_lines, raw_path, read_partial, settings_fingerprint
 from kbverify.audit.protocols import null_kernel_protocols, resolve_protocols, with_identity_variants
 from kbverify.audit.records import AuditReport, AuditSettings, AuditThresholds, TaskAudit
 from kbverify.audit.report import write_report
@@ -108,13 +108,16 @@ def _plan(protocols: Sequence[Protocol | str], device: str, out_prefix: str | Pa
     protocols = resolve_protocols(protocols)
     fingerprint = settings_fingerprint(protocols=protocols, device=device, settings=settings)
     partial = Path(f"{out_prefix}.partial.jsonl") if out_prefix is not None else None
-    done = read_partial(partial, fingerprint) if (partial is not None and resume) else {}
-    failed = ({line["key"]: line for line in partial_lines(partial) if line.get("raw") is None}
-              if (partial is not None and not run) else {})
+    # a finished audit's lines are in the raw file (`finish_partial`), a running or cut one's in the partial file
+    files = [raw_path(partial), partial] if partial is not None else []
+    done = {key: line for path in files for key, line in read_partial(path, fingerprint).items()} if resume else {}
+    failed = ({line["key"]: line for path in files for line in partial_lines(path) if line.get("raw") is None}
+              if not run else {})
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             partial.write_text("")
+            raw_path(partial).unlink(missing_ok=True)
     return _Plan(protocols=protocols, judged=with_identity_variants(protocols, settings.distributions),
                  device=device, settings=settings, thresholds=thresholds, worker_settings=settings.worker_dict(),
                  judged_by=null_kernel_protocols(protocols, settings), fingerprint=fingerprint, partial=partial,
