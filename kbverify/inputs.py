@@ -27,9 +27,15 @@ class InputSet:
     # stale) or "load_first" (built, loaded, then called: a user's order, which a copy refreshed only after a
     # call gets wrong)
     load_order: str = ""
+    # run as a user's script runs it (kbverify.child.as_user): a fresh process, the collector on, no harness frame
+    as_user: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The last part of the id of the set run as a user calls it: a verdict that it decides names it.
+AS_USER_TAG = "as-a-user-calls-it"
 
 
 def derive_seed(secret: str, *parts) -> int:
@@ -70,7 +76,26 @@ def plan_input_sets(protocol, shapes: list[tuple[str, dict]], *, secret: str) ->
                     own_seed = derive_seed(loaded_secret, "loaded-weights", shape, trial, distribution)
                 plan.append(InputSet(set_id, shape, distribution, weights, seed, own_seed, dict(overrides), order))
         hidden += shape != "original"
-    return plan
+    return plan + _as_user_set(protocol, secret)
+
+
+def _as_user_set(protocol, secret: str) -> list[InputSet]:
+    """A guarded protocol's one set run as a user's script calls the model (kbverify.child.as_user): the task's
+    shape, the default weights, trial 0's seeds, and mixed signs where the protocol has them (the task's own
+    inputs are often all positive, on which a kernel that returns its input passes for a ReLU), so it draws what
+    `original/mixed_sign/default/s0` draws.
+    A kernel that computes honestly only while it is watched (the collector off, the harness's frames above it)
+    fails it alone, and the verdict names it (corpus: exploits/relu_honest_only_while_the_collector_is_off).
+    Last in the plan, so that a kernel wrong everywhere is named by the sets the harness calls; yet both workers
+    take it first (kbverify.child.evaluate): the candidate runs it before it loads the submission itself."""
+    if not protocol.guards or not protocol.isolated:
+        return []
+    distribution = next((d for d in ("mixed_sign", "x1") if d in protocol.distributions), protocol.distributions[0])
+    seed, weight_seed = derive_seed(secret, "input", 0), derive_seed(secret, "weights", 0)
+    if protocol.seeds == "kernelbench":
+        seed, weight_seed = kernelbench_trial_seeds(protocol.trials)[0], KERNELBENCH_SEED
+    return [InputSet(f"original/{distribution}/default/{AS_USER_TAG}", "original", distribution, "default", seed,
+                     weight_seed, {}, "", True)]
 
 
 def _combinations(protocol, shape: str, hidden: int) -> list[tuple[str, str]]:

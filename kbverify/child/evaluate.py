@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kbverify import output_structure
-from kbverify.child import guards
+from kbverify.child import as_user, guards
 from kbverify.correctness import EXACT_AVAILABLE, flatten_outputs, summarize
 from kbverify.child.exact import (checked_call as _call, fp64_truth, moved_spreads, over_plain_limits,
                                   summarize_within_moved)
@@ -149,6 +149,7 @@ def candidate_job(payload: dict) -> dict:
 
     announce("reference:load")
     namespaces = shape_namespaces(task, sets)
+    sets = _run_as_user(payload, namespaces["original"], sets, device, train, record)
     snapshot = guards.snapshot_sensitive()
     threads_before = guards.thread_count()
     modes_before = guards.mode_depths()
@@ -193,6 +194,26 @@ def candidate_job(payload: dict) -> dict:
     record["tampered"] = guards.tampered(snapshot) + guards.modes_left_active(modes_before) if guarded else []
     record["threads_started"] = guards.thread_count() - threads_before
     return record
+
+
+def _run_as_user(payload: dict, namespace: dict, sets: list[dict], device, train: bool, record: dict) -> list[dict]:
+    """The sets run as a user's script runs them (kbverify.child.as_user), first, before the submission is loaded
+    in this process, so nothing it does here reaches the script (corpus:
+    exploits/relu_honest_only_while_the_collector_is_off); returns the other sets, to run here. The plan puts
+    these last (a verdict is named by the harness's sets first) and the judge, like this process, takes them first."""
+    for input_set in [s for s in sets if s.get("as_user")]:
+        set_id = input_set["set_id"]
+        announce(f"candidate:as-user:{set_id}")
+        try:
+            inputs = set_inputs(namespace, input_set, device)
+            weights = build_reference(namespace, input_set["weight_seed"], "default", torch.device("cpu"), train)[0]
+        except BaseException as error:  # noqa: BLE001 - the task's own code failed: the judge finds it too
+            record["sets"][set_id] = {"input_error": short_error(error)}
+            publish_nothing(payload["outdir"], set_id)
+            continue
+        record["sets"][set_id] = as_user.run_set(payload["submission_source"], payload["task_source"], inputs,
+                                                 weights.state_dict(), input_set, device, train, payload["outdir"])
+    return [s for s in sets if not s.get("as_user")]
 
 
 UNMAPPED = ("weights_not_rerandomized: ModelNew's state_dict matches Model's neither by name nor by value (each "
@@ -365,6 +386,7 @@ def judge_job(payload: dict) -> dict:
     nudges = {str(k): int(v) for k, v in (payload.get("nudge_seeds") or {}).items()}
     announce("judge:load")
     namespaces = shape_namespaces(task, sets)
+    sets = sorted(sets, key=lambda s: not s.get("as_user"))  # in the candidate's order: it runs them first
     models: dict = {}
     record: dict = {"sets": {}}
     for input_set in sets:

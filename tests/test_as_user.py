@@ -1,0 +1,72 @@
+"""The set run as a user calls it (kbverify.child.as_user): a fresh `python main.py` whose call sees the collector
+on, autograd on, default signal dispositions and no kbverify frame or module, and whose output is handed over.
+Each test's kernel answers torch.relu only when it sees the harness's state, zeros otherwise, so the handed-over
+output says what the call saw. Corpus: exploits/relu_honest_only_while_the_collector_is_off,
+exploits/relu_honest_only_below_a_harness_frame."""
+
+import signal
+
+import pytest
+import torch
+
+from kbverify.child import as_user, output_handover
+
+TASK = open("tasks/basic/level1/1_ReLU.py").read()
+SET = {"set_id": "original/mixed_sign/default/as-a-user-calls-it", "seed": 5, "weight_seed": 7}
+KERNEL = """
+import gc, signal, sys
+import torch
+import torch.nn as nn
+
+
+def watched():
+{check}
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) if watched() else torch.zeros_like(x)
+"""
+CHECKS = {
+    "collector off": "    return not gc.isenabled()",
+    "autograd off": "    return not torch.is_grad_enabled()",
+    "SIGUSR1 ignored": "    return signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN",
+    "a kbverify frame": ("    frame = sys._getframe(1)\n    while frame is not None:\n"
+                         "        if 'kbverify' in frame.f_code.co_filename:\n            return True\n"
+                         "        frame = frame.f_back\n    return False"),
+    "kbverify imported": "    return any(name.startswith('kbverify') for name in sys.modules)",
+}
+
+
+def _run(tmp_path, source: str):
+    inputs = [torch.randn(16, 512)]
+    entry = as_user.run_set(source, TASK, inputs, {}, SET, torch.device("cpu"), True, str(tmp_path))
+    output = output_handover.take_output(str(tmp_path), SET["set_id"], torch.device("cpu"), 1 << 24)
+    return entry, output, inputs[0]
+
+
+@pytest.mark.parametrize("tell", sorted(CHECKS))
+def test_the_call_shows_none_of_the_harness_state(tmp_path, tell):
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # inherited by a child unless the script resets it
+    try:
+        entry, output, _ = _run(tmp_path, KERNEL.format(check=CHECKS[tell]))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert entry.get("published") and "error" not in entry, entry
+    assert entry["as_user"]["gc_enabled"] and entry["as_user"]["grad_enabled"]
+    assert bool((output[0] == 0).all()), f"the call saw {tell}"
+
+
+def test_an_honest_inference_mode_forward_is_handed_over_whole(tmp_path):
+    source = ("import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n"
+              "    @torch.inference_mode()\n    def forward(self, x):\n        return torch.relu(x)\n")
+    entry, output, x = _run(tmp_path, source)
+    assert entry["structure"] == "tensor"
+    assert torch.equal(output[0], torch.relu(x))
+
+
+def test_a_script_that_fails_is_an_error_with_its_traceback(tmp_path):
+    source = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        raise ValueError('boom')\n"
+    entry, output, _ = _run(tmp_path, source)
+    assert output is None
+    assert "ValueError: boom" in entry["error"] and entry["as_user"]["exit_code"] == 1
