@@ -376,6 +376,23 @@ def death(outcome, party: str) -> tuple[Status, str]:
     return (Status.CRASHED if blamed else Status.UNVERIFIABLE), detail
 
 
+def reference_death(outcome) -> tuple[Status, str]:
+    """The judge's own worker (the reference, no submission code) did not report: never the kernel's failure."""
+    _, detail = death(outcome, "reference")
+    return Status.UNVERIFIABLE, "reference/judge failed: " + detail
+
+
+def untimed_reference() -> tuple[Status, str]:
+    """The reference's timing worker (no submission code) gave no time: nothing to compare the kernel with."""
+    return Status.UNVERIFIABLE, "the reference could not be timed"
+
+
+def unloadable_entry(reason: str) -> tuple[Status, str]:
+    """A published entry that could not be turned into a unit (its task or its code missing): its claim stands
+    unverified."""
+    return Status.UNVERIFIABLE, reason
+
+
 def _candidate_phase(phase: str, party: str) -> bool:
     return phase.startswith("candidate") or (party == "candidate" and not phase.startswith("reference"))
 
@@ -409,6 +426,11 @@ def timed_failure(record: dict, protocol: Protocol, *, forged: str, stopped: str
 
 
 # ---- the original protocol ----------------------------------------------------------------------------------------
+
+def kernelbench_timing_error(record: dict) -> tuple[Status, str]:
+    """The candidate's KernelBench-style timing worker reported an error instead of a time."""
+    return Status.RUNTIME_ERROR, "while timed: " + str(record.get("error", "no time reported"))
+
 
 def speedup_of(ref_ms: float, cand_ms: float, rules) -> tuple[float, list[str]]:
     """A mean-time speedup, as KernelBench reports it, and the warning an implausible one earns."""

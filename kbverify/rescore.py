@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from kbverify import provenance as provenance_module
-from kbverify import task_probe
+from kbverify import judge, task_probe
 from kbverify.device_share import DeviceLease, Sharing, batch_for, default_wait_s, ran_out_of_memory, threads_for
 from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
@@ -39,7 +39,7 @@ from kbverify.rescore_memory import Admission, device_budget_bytes, ledger_for, 
 from kbverify.runner import CheckOptions, build_env, check
 from kbverify.sandbox import run_child
 from kbverify.static import scan
-from kbverify.status import Status, Warn
+from kbverify.status import Warn
 from kbverify.store import Store
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,12 @@ def entry_task_name(entry: Entry) -> str:
 
 def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
     task = entry.task
+    status, message = judge.unloadable_entry(entry.unverifiable or "")
     return Verdict(task=task.key if task else f"level{entry.level}/{entry_task_name(entry)}",
                    task_name=entry_task_name(entry), level=entry.level, problem_id=entry.problem_id,
                    submission=entry.entry_id,
                    submission_sha256=entry.submission.sha256 if entry.submission else "", protocol=protocol.name,
-                   protocol_sha256=protocol.sha256, status=Status.UNVERIFIABLE, message=entry.unverifiable or "",
+                   protocol_sha256=protocol.sha256, status=status, message=message,
                    claimed_speedup=entry.claimed_speedup, sample=entry.sample, labels=dict(entry.labels))
 
 
@@ -174,7 +175,7 @@ class Sink:
         self.failures: list[BaseException] = []
         self.durations: dict[str, list[float]] = {}  # per protocol: a verified unit takes many times an original one
         self.pending = Counter(unit.protocol.name for unit in todo)
-        self.builds_started = time.monotonic()
+        self.builds_started = self.evaluation_started = time.monotonic()
 
     @property
     def stopped(self) -> bool:
@@ -188,7 +189,8 @@ class Sink:
             self.pending[unit.protocol.name] -= 1
             if self.progress:
                 self.progress(Progress(self.done, self.total, self.resumed,
-                                       estimate_left_s(self.durations, self.pending, self.workers),
+                                       estimate_left_s(self.durations, self.pending, self.workers,
+                                                       elapsed_s=time.monotonic() - self.evaluation_started),
                                        f"{unit.entry.entry_id} [{unit.protocol.name}] {verdict.status.value}",
                                        phase="evaluate", device=device, workers=self.workers,
                                        devices=self.devices))
@@ -205,6 +207,7 @@ class Sink:
             self.failures.append(error)
 
     def evaluation_starts(self) -> None:
+        self.evaluation_started = time.monotonic()
         if self.progress:
             self.progress(Progress(0, self.total, self.resumed, phase="evaluate", device=self.device,
                                    workers=self.workers, devices=self.devices))

@@ -324,9 +324,9 @@ def _correctness_isolated(context: _Context, secret: str) -> Verdict:
                                  warnings=tuple(judge.code_path_warnings(context.static, build)),
                                  reproducer=judge.reproducer(protocol, secret, None))
         if judged.died:
-            status, detail = _died(judged, "reference", context.options.device)
-            return _base_verdict(context, Status.UNVERIFIABLE, message="reference/judge failed: " + detail,
-                                 hidden_shapes=origin)
+            _died(judged, "reference", context.options.device)  # ours, if a worker cannot start here
+            status, detail = judge.reference_death(judged)
+            return _base_verdict(context, status, message=detail, hidden_shapes=origin)
         fault = judge.judge_infrastructure(judged.result)
         if fault is not None:  # the judge's process has no submission code: its word is the machine's state
             raise InfrastructureError(fault)
@@ -356,16 +356,17 @@ def _time_kernelbench_way(context: _Context, verdict: Verdict) -> Verdict:
               "candidate_grad_enabled": protocol.candidate_grad_enabled}
     _look_at_gpu(context, "before")
     timed = _run(context, "kernelbench_candidate_timing", _payload(context, **common))
-    if timed.died or "runtime_ms" not in (timed.result or {}):
-        if timed.died:
-            status, detail = _died(timed, "candidate", context.options.device)
-        else:
-            status, detail = Status.RUNTIME_ERROR, timed.result["error"]
+    if timed.died:
+        status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
+    if "runtime_ms" not in (timed.result or {}):
+        status, detail = judge.kernelbench_timing_error(timed.result or {})
+        return dataclasses.replace(verdict, status=status, message=detail)
     baseline = _run(context, "kernelbench_baseline", _payload(context, submission_source="", **common))
     _look_at_gpu(context, "after")
     if baseline.died or "runtime_ms" not in (baseline.result or {}):
-        return dataclasses.replace(verdict, status=Status.UNVERIFIABLE, message="the reference could not be timed")
+        status, detail = judge.untimed_reference()
+        return dataclasses.replace(verdict, status=status, message=detail)
     ref_ms, cand_ms = baseline.result["runtime_ms"], timed.result["runtime_ms"]
     speedup, excessive = judge.speedup_of(ref_ms, cand_ms, protocol.rules)
     warnings = list(verdict.warnings) + excessive
