@@ -51,6 +51,7 @@ class CheckWatcher:
     def __init__(self, report: Callable[[Progress], None], *, total: int, device: str,
                  clock: Callable[[], float] = time.monotonic):
         self.report, self.total, self.device, self.clock = report, total, device, clock
+        self.created = clock()
         self.done = 0
         self.unit = ""
         self.protocol = ""
@@ -84,6 +85,11 @@ class CheckWatcher:
         """What the verdict just ended with, shown as the line's `last`."""
         self.last = f"{self.unit} {status}"
 
+    def preparing(self, what: str) -> None:
+        """A line before the first verdict: what the check does first (the device's probe takes seconds), so a log
+        shows at once that it started."""
+        self.report(self.event(what))
+
     def step(self, job: str, phase: str) -> None:
         kind = phase_kind(phase) if phase else ""
         step = (job, kind)
@@ -93,7 +99,8 @@ class CheckWatcher:
         self.report(self.event(f"{self.unit} {job}" + (f": {kind}" if kind else "")))
 
     def event(self, step: str = "") -> Progress:
-        return Progress(self.done, self.total, eta_s=estimate_left_s(self.durations, self.pending, 1),
+        return Progress(self.done, self.total, eta_s=estimate_left_s(self.durations, self.pending, 1,
+                                                                     elapsed_s=self.clock() - self.created),
                         last=self.last, phase="check", device=self.device, step=step)
 
 

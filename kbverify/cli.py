@@ -71,9 +71,12 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
                              timeout=timeout)
     validate.hang_floor(hang_floor)
     _start_workers(timing=any(p.timing == "interleaved" for p in request.protocols))
-    options = runner.CheckOptions(device=jobs.resolve_device(request.device), hidden_dirs=request.hidden_dirs,
-                                  only=request.only, timeout_s=request.timeout_s, secret=request.secret,
-                                  hang_floor_s=hang_floor)
+
+    def options():  # called under the progress lines: `--device auto` asks a worker, which takes seconds
+        return runner.CheckOptions(device=jobs.resolve_device(request.device), hidden_dirs=request.hidden_dirs,
+                                   only=request.only, timeout_s=request.timeout_s, secret=request.secret,
+                                   hang_floor_s=hang_floor)
+
     rejected = False
     for candidate, verdicts in _judged(request, options):
         for verdict in verdicts.values():
@@ -88,16 +91,20 @@ def check(submission: Path = typer.Argument(..., help="ModelNew file, or a folde
     raise typer.Exit(1 if rejected else 0)
 
 
-def _judged(request, options) -> list:
+def _judged(request, make_options) -> list:
     """Every (submission, {protocol: verdict}) of a check, with progress on stderr (kbverify.check_progress): in a
-    log a line per step and at least every 20 s. Returned whole, so stdout is written once the live bar is gone."""
+    log a line at once, then a line per step and at least every 20 s. Returned whole, so stdout is written once the
+    live bar is gone. `make_options()` gives the check's options; it may take seconds (the device's probe)."""
     from kbverify import check_progress, runner, task_probe
     from kbverify.progress import Reporter
 
     judged = []
     with Reporter() as reporter, check_progress.watching(
-            reporter, total=len(request.submissions) * len(request.protocols), device=options.device) as watcher:
+            reporter, total=len(request.submissions) * len(request.protocols), device=request.device) as watcher:
         watcher.plan([p.name for p in request.protocols], len(request.submissions))
+        watcher.preparing("finding the device (--device auto)" if request.device == "auto" else "starting")
+        options = make_options()
+        watcher.device = options.device
         for candidate in request.submissions:
             verdicts = {}
             for p in request.protocols:

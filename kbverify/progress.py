@@ -43,21 +43,34 @@ class Progress:
     step: str = ""  # what the phase does now (`check`); a new step is a line of its own
 
 
-def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int],
-                    workers: int) -> float | None:
-    """Wall seconds left: every pending item at the median duration of the finished items of its kind (for
-    `rescore`, its protocol), spread over `workers`. None until each kind still pending has a finished item:
-    guessing a `verified` unit from a KernelBench one, ten times shorter, is how an estimate jumps from 2 s to
-    258 s. The median, because a kind's first item also pays one-time costs (a worker's first imports)."""
-    total = 0.0
+# Finished items of a kind before its time is guessed. The recorded runs replayed (tests/test_progress.py) read
+# 5-30x short after one or two units: a run's first units are not its slowest (a source lists level 3 last).
+MIN_FINISHED = 5
+
+
+def estimate_left_s(durations: Mapping[str, Sequence[float]], pending: Mapping[str, int], workers: int, *,
+                    elapsed_s: float | None = None) -> float | None:
+    """Wall seconds left, the longer of two readings: every pending item at the mean duration of the finished
+    items of its kind (for `rescore`, its protocol), spread over `workers`; and, given the phase's `elapsed_s`, the
+    pending items at the wall time each finished one has cost so far, which counts the parallelism the run really
+    had (sixteen threads on one shared GPU do not go sixteen times as fast). None until each kind still pending has
+    MIN_FINISHED finished items: guessing a `verified` unit from a KernelBench one, ten times shorter, is how an
+    estimate jumps from 2 s to 258 s, and a median of the first few said 9 s where 269 s were left. The mean, not
+    the median: the slow items are the time left, and a median hides them."""
+    total, left, finished = 0.0, 0, 0
     for kind, count in pending.items():
+        seen = durations.get(kind) or ()
+        finished += len(seen)
         if count <= 0:
             continue
-        seen = durations.get(kind) or ()
-        if not seen:
+        if len(seen) < MIN_FINISHED:
             return None
-        total += count * statistics.median(seen)
-    return total / max(1, workers)
+        total += count * statistics.fmean(seen)
+        left += count
+    by_items = total / max(1, workers)
+    if elapsed_s is None or not finished:
+        return by_items
+    return max(by_items, left * elapsed_s / finished)
 
 
 def where(event: Progress) -> str:

@@ -99,3 +99,20 @@ def test_a_piped_check_of_a_hang_says_so_within_5_s_and_then_every_20_s():
     assert max(gaps) <= HEARTBEAT_S, (gaps, arrived)
     assert any("candidate:correctness" in line for _, line in arrived)
     assert "check 1/1 verdicts" in [line for _, line in arrived if line.startswith("kbverify ")][-1]
+
+
+def test_a_check_says_it_started_before_it_probes_the_device(capsys):
+    """`--device auto` asks a worker (seconds, more on a GPU host): the first line is written before that."""
+    from types import SimpleNamespace
+
+    from kbverify import cli, runner
+
+    seen_before_probe = []
+
+    def options():
+        seen_before_probe.append(capsys.readouterr().err)
+        return runner.CheckOptions(device="cpu")
+
+    assert cli._judged(SimpleNamespace(submissions=[], protocols=[], device="auto"), options) == []
+    (lines,) = seen_before_probe
+    assert lines.startswith("kbverify ") and "finding the device (--device auto)" in lines

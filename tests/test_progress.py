@@ -3,6 +3,7 @@ every phase change and at least every 30 s, with counts, the rate and an estimat
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.progress import HEARTBEAT_S, Progress, Reporter, estimate_left_s, where
+from kbverify.progress import HEARTBEAT_S, MIN_FINISHED, Progress, Reporter, estimate_left_s, where
 
 pytestmark = pytest.mark.serial  # it bounds the time between progress lines: alone on the machine (.ci/run)
 
@@ -93,15 +94,67 @@ def test_the_estimate_names_the_device_and_counts_down():
     assert where(Progress(0, 1, phase="build", device="cuda:0", workers=4)) == "4 CPU cores"
 
 
-def test_no_estimate_until_every_protocol_still_pending_has_a_finished_unit():
+def test_no_estimate_until_every_protocol_still_pending_has_enough_finished_units():
     """A KernelBench unit takes a fraction of a verified one: guessing one from the other made the estimate jump
-    from 2 s to 258 s."""
-    assert estimate_left_s({"original": [2.0]}, {"original": 5, "verified": 6}, 1) is None
-    assert estimate_left_s({"original": [2.0], "verified": [40.0, 44.0]}, {"original": 5, "verified": 6}, 2) == \
-        pytest.approx((5 * 2.0 + 6 * 42.0) / 2)
-    assert estimate_left_s({"original": [2.0]}, {"original": 3, "verified": 0}, 1) == pytest.approx(6.0)
-    # a first unit that paid the worker's start-up does not set the pace once others have finished
-    assert estimate_left_s({"verified": [80.0, 5.0, 6.0]}, {"verified": 10}, 1) == pytest.approx(60.0)
+    from 2 s to 258 s; and the first few units of a kind are no guide to the rest."""
+    five = [2.0] * MIN_FINISHED
+    assert estimate_left_s({"original": five}, {"original": 5, "verified": 6}, 1) is None
+    assert estimate_left_s({"original": five, "verified": [40.0] * (MIN_FINISHED - 1)},
+                           {"original": 5, "verified": 6}, 1) is None
+    assert estimate_left_s({"original": five, "verified": [40.0, 44.0] * MIN_FINISHED},
+                           {"original": 5, "verified": 6}, 2) == pytest.approx((5 * 2.0 + 6 * 42.0) / 2)
+    assert estimate_left_s({"original": five}, {"original": 3, "verified": 0}, 1) == pytest.approx(6.0)
+    # the mean: a slow unit among fast ones is part of the time left, not an outlier to drop
+    assert estimate_left_s({"verified": [80.0, 5.0, 6.0, 5.0, 4.0]}, {"verified": 10}, 1) == pytest.approx(200.0)
+
+
+def test_the_estimate_counts_the_parallelism_the_run_really_had():
+    """Sixteen threads sharing one GPU: 10 units finished in 100 s of wall time leave 10 more at least 100 s,
+    whatever the units' own durations divided by sixteen say."""
+    durations = {"verified": [20.0] * 10}
+    assert estimate_left_s(durations, {"verified": 10}, 16) == pytest.approx(12.5)
+    assert estimate_left_s(durations, {"verified": 10}, 16, elapsed_s=100.0) == pytest.approx(100.0)
+    assert estimate_left_s(durations, {"verified": 10}, 1, elapsed_s=100.0) == pytest.approx(200.0)
+
+
+def _replayed(store: str, workers: int) -> list[tuple[int, float | None, float]]:
+    """(units finished, the estimate then, the seconds that were really left) at each unit of a recorded GPU run,
+    from its store: each verdict's elapsed_s and the time it was written."""
+    import gzip
+    import json
+    import shutil
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        database = Path(folder) / "store.sqlite"
+        with gzip.open(REPO / store) as source, open(database, "wb") as target:
+            shutil.copyfileobj(source, target)
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            rows = [(written, json.loads(record)["elapsed_s"])
+                    for written, record in db.execute("SELECT written, record FROM verdicts ORDER BY written")]
+    started, ended = rows[0][0] - rows[0][1], rows[-1][0]
+    replay = []
+    for done in range(1, len(rows)):
+        durations = {"verified": [elapsed for _, elapsed in rows[:done]]}
+        estimate = estimate_left_s(durations, {"verified": len(rows) - done}, workers,
+                                   elapsed_s=rows[done - 1][0] - started)
+        replay.append((done, estimate, ended - rows[done - 1][0]))
+    return replay
+
+
+def test_the_estimate_on_recorded_runs_is_never_a_tenth_of_the_time_left():
+    """Two H200 rescores of 40 anchor units. With the median over the workers, the shared one (4 slots, 16 threads)
+    said 9 s left where 269 s were (16 of 40 done), and its first estimate was 27 s of 309 s."""
+    shared = _replayed("results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz", workers=16)
+    alone = _replayed("results/h200-2026-12-02/call4_anchor_store_e.sqlite.gz", workers=1)
+    for replay in (shared, alone):
+        assert all(estimate is None for done, estimate, _ in replay if done < MIN_FINISHED)
+        said = [(estimate, left) for _, estimate, left in replay if estimate is not None and left > 10]
+        assert said and min(estimate / left for estimate, left in said) > 0.2
+    at_16 = next(estimate for done, estimate, _ in shared if done == 16)
+    assert at_16 > 60  # 269 s were left
+
 
 
 def test_the_heartbeat_writes_while_nothing_finishes():
