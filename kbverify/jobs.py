@@ -157,7 +157,7 @@ def _rescore_result(plan: RescorePlan, units, stored: dict, summary, *, source: 
         paths = write_reports(verdicts, report_dir, title=title, samples=samples, provenance={"runs": runs or []},
                               group_by=group_by)
         text += "".join(f"{kind}: {path}\n" for kind, path in paths.items())
-    text += incomplete
+    text += present.isolation_line(verdicts) + incomplete
     return {"text": text, "tables": tables, "units": summary.units, "evaluated": summary.evaluated,
             "resumed": summary.resumed, "errors": list(summary.errors), "wall_s": summary.wall_s,
             "complete": not missing, "missing_units": missing, "tables_counting_missing_as_failed": bound,

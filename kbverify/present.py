@@ -94,6 +94,17 @@ def render_check(task_name: str, submission_id: str, verdicts: list[Verdict]) ->
     return "\n".join(lines) + "\n"
 
 
+def isolation_line(verdicts: list[Verdict]) -> str:
+    """A run's summary names degraded isolation itself, as the reports do: a reader of stdout alone must see that
+    the candidates ran unconfined. Empty when every verdict that ran submission code was isolated."""
+    degraded = [v for v in verdicts if v.isolation not in ("isolated", "not_run")]
+    if not degraded:
+        return ""
+    reasons = ", ".join(dict.fromkeys(v.isolation_reason for v in degraded if v.isolation_reason))
+    return (f"isolation: degraded: {len(degraded)} of {len(verdicts)} verdicts ran unconfined"
+            + (f" ({shorten(reasons, 200)})" if reasons else "") + "; treat them as unhardened\n")
+
+
 def render_fast_p(tables: dict, ps) -> str:
     """Side-by-side fast_p per protocol. `tables` maps protocol → score table dict (kbverify.score)."""
     names = list(tables)
