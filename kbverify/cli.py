@@ -169,6 +169,34 @@ def rescore(source: Path = typer.Argument(..., help="a KernelBench run folder, a
 
 
 @app.command()
+def build(source: Path = typer.Argument(..., help="a folder of submissions, a KernelBench run folder (with --tasks), "
+                                                 "a CUDA-L1 JSONL or a generic JSONL"),
+          format: str = typer.Option("auto", "--format", help="as rescore's; a folder without --tasks is a folder "
+                                                              "of submissions"),
+          tasks: Optional[Path] = typer.Option(None, "--tasks", help="task folder for run folders"),
+          task: Optional[Path] = typer.Option(None, "--task", help="the task of a folder of submissions: ModelNew "
+                                              "and one forward run too (extensions built lazily)"),
+          device: str = typer.Option("auto", "--device"),
+          limit: Optional[int] = typer.Option(None, "--limit", help="only the first N entries"),
+          json_out: bool = typer.Option(False, "--json"),
+          verbose: bool = typer.Option(False, "-v", "--verbose")):
+    """Compile every native extension of a corpus into the build cache, on every core, ahead of its evaluation."""
+    _setup_logging(verbose)
+    from kbverify import build_corpus, validate
+    from kbverify.progress import Reporter
+
+    validate.device_name(device)
+    with Reporter() as reporter:  # stderr: a live bar in a terminal, a line at least every 20 s elsewhere
+        summary = build_corpus.run_build(source, fmt=format, tasks=tasks, task=task, device=device, limit=limit,
+                                         progress=reporter)
+    if json_out:
+        _emit(summary.to_json())
+    else:
+        sys.stdout.write(build_corpus.render(summary))
+    raise typer.Exit(build_corpus.exit_code(summary))
+
+
+@app.command()
 def score(source: Path = typer.Argument(..., help="a store, a score JSONL, or KernelBench's eval_results.json"),
           baseline: Optional[Path] = typer.Option(None, "--baseline", help="KernelBench baseline-time JSON"),
           level: Optional[int] = typer.Option(None, "--level", help="level of a KernelBench eval_results.json"),
@@ -354,8 +382,8 @@ def demo(out: Path = typer.Option(Path("kbverify-demo"), "--out"),
         raise typer.Exit(3)
 
 
-USAGE = ("usage: kbverify COMMAND [ARGS]... where COMMAND is check, rescore, score, audit, hidden generate, report, "
-         "rejudge, compare or demo (kbverify --help, kbverify COMMAND --help)")
+USAGE = ("usage: kbverify COMMAND [ARGS]... where COMMAND is check, rescore, build, score, audit, hidden generate, "
+         "report, rejudge, compare or demo (kbverify --help, kbverify COMMAND --help)")
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Re-scoring a published run: every entry × protocol is one unit of work, stored as it finishes.
 
 An executor runs the units. The local one (`LocalExecutor`) is a pipeline: native builds, keyed by content hash,
-run on the CPU cores without oversubscribing them while threads per device evaluate every unit that is ready
+run on the CPU cores (`kbverify.builds`: one build per free core) while threads per device evaluate every unit that is ready
 (each unit in its own sandboxed children): one per device, or several sharing it through its lease
 (`kbverify.device_share`: correctness side by side, timing alone); `kbverify.ray_executor` runs units as Ray
 tasks. Verdicts come back to the driver's store (`Sink`). A killed run resumes: units already in the store are skipped, and a unit is written in
@@ -28,6 +28,9 @@ from typing import Callable, Iterator
 
 from kbverify import provenance as provenance_module
 from kbverify import judge, task_probe
+# the build part, in its own module; named here too for the pipeline below and older callers
+from kbverify.builds import (BUILD_TIMEOUT_S, BuildPlan, build_plan, build_submission,  # noqa: F401
+                             default_build_plan, needs_build, prebuild)
 from kbverify.device_share import DeviceLease, Sharing, batch_for, default_wait_s, ran_out_of_memory, threads_for
 from kbverify.errors import InfrastructureError, TaskError
 from kbverify.importers import Entry
@@ -36,16 +39,11 @@ from kbverify.progress import Progress, estimate_left_s
 from kbverify.protocols import Protocol
 from kbverify.records import Verdict, task_label
 from kbverify.rescore_memory import Admission, device_budget_bytes, ledger_for, unit_needs
-from kbverify.runner import CheckOptions, build_env, check
-from kbverify.sandbox import run_child
-from kbverify.static import scan
+from kbverify.runner import CheckOptions, check
 from kbverify.status import Warn
 from kbverify.store import Store
 
 log = logging.getLogger(__name__)
-
-BUILD_TIMEOUT_S = 900.0
-
 
 @dataclass(frozen=True)
 class Unit:
@@ -92,28 +90,6 @@ def unverifiable_verdict(entry: Entry, protocol: Protocol) -> Verdict:
                    claimed_speedup=entry.claimed_speedup, sample=entry.sample, labels=dict(entry.labels))
 
 
-@dataclass(frozen=True)
-class BuildPlan:
-    """How native builds share the CPU cores: `parallel_builds` × `max_jobs` (MAX_JOBS each) ≤ the cores left."""
-
-    parallel_builds: int
-    max_jobs: int
-
-
-def build_plan(cores: int, evaluators: int, max_jobs: int | None = None) -> BuildPlan:
-    """Each evaluating device keeps a core (its unit's parent and worker processes run beside the builds); the
-    rest go to builds, two compiler processes each unless MAX_JOBS says otherwise: a load_inline extension is one
-    to three translation units, so more jobs per build leave cores idle and fewer builds run at once."""
-    free = max(1, cores - evaluators)
-    jobs = max(1, min(max_jobs or 2, free))
-    return BuildPlan(parallel_builds=max(1, free // jobs), max_jobs=jobs)
-
-
-def default_build_plan(evaluators: int) -> BuildPlan:
-    given = os.environ.get("MAX_JOBS")
-    return build_plan(os.cpu_count() or 1, evaluators, int(given) if given and given.isdigit() else None)
-
-
 def mps_for(devices: list[str], stack: contextlib.ExitStack) -> MpsState:
     """A private MPS daemon for the run, entered on `stack`, where a device is a GPU (none on a CPU)."""
     if not any(device.startswith("cuda") for device in devices):
@@ -124,38 +100,6 @@ def mps_for(devices: list[str], stack: contextlib.ExitStack) -> MpsState:
     folder = Path(tempfile.mkdtemp(prefix="kbv-mps-"))
     stack.callback(shutil.rmtree, folder, ignore_errors=True)
     return stack.enter_context(private_mps(folder))
-
-
-def needs_build(entry: Entry) -> bool:
-    return bool(entry.submission and entry.task and scan(entry.submission.source).native_sources)
-
-
-def build_submission(entry: Entry, options: CheckOptions) -> dict:
-    """Run one native submission's module level in a child, so that its evaluation finds the build cached (or
-    its failure remembered). A build that outlasts BUILD_TIMEOUT_S is killed there."""
-    submission, task = entry.submission, entry.task
-    payload = {"submission_source": submission.source, "task_source": task.source, "task_name": task.name,
-               "device": options.device}
-    outcome = run_child("build", payload, timeout_s=BUILD_TIMEOUT_S, device=options.device,
-                        env=build_env(submission, options))
-    return outcome.result or {"ok": False, "error": "build timed out" if outcome.timed_out
-                              else f"build process died (exit {outcome.exit_code})"}
-
-
-def prebuild(entries: list[Entry], options: CheckOptions, *, workers: int | None = None,
-             progress: Callable[[Progress], None] | None = None) -> dict[str, dict]:
-    """Build every native submission of `entries` now, `workers` at a time (the pipeline's builds, without the
-    evaluation: for benchmarks and scripts). Returns each build's result by content hash."""
-    unique = {}
-    for entry in entries:
-        if needs_build(entry):
-            unique.setdefault(entry.submission.sha256, entry)
-    built: dict[str, dict] = {}
-    with ThreadPoolExecutor(max_workers=workers or max(1, os.cpu_count() or 1)) as pool:
-        futures = {pool.submit(build_submission, entry, options): sha256 for sha256, entry in unique.items()}
-        for future in as_completed(futures):
-            built[futures[future]] = future.result()
-    return built
 
 
 class Sink:

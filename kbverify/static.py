@@ -107,7 +107,10 @@ def classify_build_error(text: str) -> str:
     lowered = text.lower()
     if "timed out" in lowered or "timeout" in lowered:
         return "timeout"
+    # torch links every CUDA extension against cudart from CUDA_HOME: a CUDA_HOME without it (guessed from an nvcc
+    # wrapper outside the toolkit) fails every such build, so it is the machine's, checked by the probe
     if any(marker in lowered for marker in ("nvcc: not found", "cuda_home", "no cuda runtime", "ninja is required",
+                                            "cannot find -lcudart",
                                             "command not found", "no such file or directory: 'nvcc'",
                                             "cuda_home environment variable is not set")):
         return "toolchain"

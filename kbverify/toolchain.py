@@ -88,3 +88,20 @@ def build_env(submission, options) -> dict:
     if not options.device.startswith("cuda"):
         env["TRITON_INTERPRET"] = "1"
     return env
+
+
+def built_extensions(env: dict) -> dict[str, int]:
+    """Each compiled extension (`*.so`) in a submission's TORCH_EXTENSIONS_DIR, by path, and when it was written.
+
+    torch's loader runs ninja in every fresh process, and ninja rewrites nothing that is up to date: the same map
+    before and after a build means the build was a cache hit, compiled nothing."""
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    if not root or not os.path.isdir(root):
+        return {}
+    stamps = {}
+    for path in Path(root).glob("*/*.so"):
+        try:
+            stamps[str(path)] = path.stat().st_mtime_ns
+        except OSError:  # removed meanwhile (another build of the same submission): it is not there
+            continue
+    return stamps

@@ -85,8 +85,8 @@ def test_the_check_example_prints_what_the_readme_shows(tmp_path):
 
 def test_every_example_names_a_command_and_options_that_exist():
     examples = example_commands()
-    assert set(examples) == {"check", "rescore", "score", "audit", "hidden generate", "report", "rejudge", "compare",
-                             "demo"}
+    assert set(examples) == {"check", "rescore", "build", "score", "audit", "hidden generate", "report", "rejudge",
+                             "compare", "demo"}
     for name, example in examples.items():
         words = shlex.split(example)
         assert words[1:1 + len(name.split())] == name.split(), example
@@ -139,4 +139,4 @@ def test_the_sections_and_links_a_newcomer_needs_are_there():
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         assert (REPO / link).exists(), link
     assert "SPEC" not in README and "session" not in README
-    assert len(README.splitlines()) < 235 / 2
+    assert len(README.splitlines()) < 126  # 117, and the short section on builds ahead of the GPU

@@ -323,5 +323,14 @@ def build_job(payload: dict) -> dict:
         ok, error = True, ""
     except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is data
         ok, error = False, short_error(exc, 6000)
-    return {"ok": ok, "error": error, "extensions": watch.record()}
+    return {"ok": ok, "error": error, "extensions": watch.record(), "cpu_s": _cpu_s()}
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the compilers it waited for (ninja and what ninja ran): the build's own
+    work, where the machine's busy time would count whatever else runs beside it."""
+    import resource
+
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
 
