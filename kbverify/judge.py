@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from kbverify import output_structure
 from kbverify.correctness import ExactEvidence, judge_set
+from kbverify.errors import InfrastructureError
+from kbverify.evidence import Evidence, Origin
 from kbverify.inputs import InputSet
 from kbverify.protocols import Protocol
 from kbverify.records import BuildRecord, SetResult
@@ -58,8 +60,12 @@ class KernelbenchDecision:
 
 # ---- one input set ---------------------------------------------------------------------------------------------
 
-def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protocol: Protocol) -> list[SetResult]:
-    """Join each set's candidate-side guard evidence with the judge's comparison; decide its status."""
+def merge_set_records(plan: list[InputSet], candidate_evidence: Evidence, judge_evidence: Evidence,
+                      protocol: Protocol) -> list[SetResult]:
+    """Join each set's candidate-side guard evidence (claimed) with the judge's comparison (computed); decide its
+    status."""
+    _expect(judge_evidence, Origin.COMPUTED)
+    candidate, judge = candidate_evidence.plain(), judge_evidence.plain()
     results = []
     for input_set in plan:
         cand = (candidate.get("sets") or {}).get(input_set.set_id)
@@ -77,10 +83,21 @@ def merge_set_records(plan: list[InputSet], candidate: dict, judge: dict, protoc
     return results
 
 
-def judge_infrastructure(judge_record: dict) -> str | None:
+def _expect(evidence: Evidence, origin: Origin) -> None:
+    """Evidence of another origin than a rule rests on is kbverify's own mistake, never a verdict."""
+    if evidence.origin is not origin:
+        raise InfrastructureError(f"{evidence.source}'s record is {evidence.origin.value}, where the judge needs "
+                                  f"{origin.value} evidence")
+
+
+def judge_infrastructure(judge_evidence: Evidence) -> str | None:
     """A fault of the machine's in the judge's own process (out of memory comparing an output), in one line; None
-    if there is none. Never a set's status: the caller reports it (exit 3) or evaluates the unit again."""
-    for set_id, entry in sorted((judge_record.get("sets") or {}).items()):
+    if there is none. Never a set's status: the caller reports it (exit 3) or evaluates the unit again. The judge's
+    process runs no submission code, so a record of it that the harness does not write is kbverify's fault too."""
+    _expect(judge_evidence, Origin.COMPUTED)
+    if judge_evidence.malformed:
+        return f"the judge's record is malformed: {judge_evidence.malformed}"
+    for set_id, entry in sorted((judge_evidence.plain().get("sets") or {}).items()):
         if isinstance(entry, dict) and entry.get("infrastructure_error"):
             return f"the judge could not compare set {set_id}: {entry['infrastructure_error']}"
     return None
@@ -256,12 +273,20 @@ def with_kept_axes(decided: Decision, note: str) -> Decision:
     return dataclasses.replace(decided, message=message, warnings=(*decided.warnings, Warn.HIDDEN_AXES_KEPT.value))
 
 
-def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, build: BuildRecord,
-                    protocol: Protocol, observed: dict | None = None) -> Decision:
+def decide_isolated(sets: list[SetResult], candidate_evidence: Evidence, static: StaticScan, build: BuildRecord,
+                    protocol: Protocol, observed: Evidence | None = None) -> Decision:
     """An isolated protocol's correctness verdict: what the parent observed (`observed`: the hand-over folder's
     strays, its own listing), the candidate process's record (claimed), then its sets. A COMPILE_ERROR here is the
-    candidate's load error, which the runner may still find to be the machine's."""
+    candidate's load error, which the runner may still find to be the machine's. A claimed record the harness
+    does not write is the candidate's doing (only its code could have changed it)."""
+    if observed is not None:
+        _expect(observed, Origin.OBSERVED)
+    candidate = candidate_evidence.plain()
     warnings = code_path_warnings(static, build)
+    if candidate_evidence.malformed:
+        status = Status.EXPLOIT_TAMPER if protocol.guards else Status.CRASHED
+        return Decision(status, "its record is not one the harness writes: " + candidate_evidence.malformed,
+                        tuple(warnings))
     warnings += [w for w in candidate.get("warnings", []) if w not in warnings]
     if candidate.get("quietly_refused"):
         warnings.append(Warn.AUDIT_HOOK_DROPPED.value)
@@ -270,7 +295,7 @@ def decide_isolated(sets: list[SetResult], candidate: dict, static: StaticScan, 
                         tuple(warnings))
     if candidate.get("load_error"):
         return Decision(Status.COMPILE_ERROR, candidate["load_error"], tuple(warnings))
-    strays = (observed or {}).get("handover_strays") or []
+    strays = list((observed.get("handover_strays") if observed is not None else None) or [])
     tampered = [*(candidate.get("tampered") or []), *(["hand-over folder: " + ", ".join(strays[:6])] if strays else [])]
     if protocol.guards and tampered:
         return Decision(Status.EXPLOIT_TAMPER, "changed the harness: " + ", ".join(tampered[:6]), tuple(warnings))
@@ -399,14 +424,17 @@ def _candidate_phase(phase: str, party: str) -> bool:
 
 # ---- the timed run's record -------------------------------------------------------------------------------------
 
-def timed_failure(record: dict, protocol: Protocol, *, forged: str, stopped: str, exit_code,
+def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped: str, exit_code,
                   reference_fails_alone) -> tuple[Status, str] | None:
     """What ends an isolated protocol's timing before its rounds are judged (`decide_timing`), or None.
-    `record`: the timing worker's record; `forged`, `stopped`: what the parent found of its replies
+    `claimed`: the timing worker's record; `forged`, `stopped`: what the parent found of its replies
     (kbverify.timing_control); `reference_fails_alone`: called, only where the worker blames the reference, to run
     the reference without the candidate (a process: the runner's)."""
+    record = claimed.plain()
     if forged:
         return Status.EXPLOIT_TAMPER, "the timing worker's replies are not what it measured: " + forged
+    if claimed.malformed:
+        return Status.EXPLOIT_TAMPER, "the timing worker's record is not one the harness writes: " + claimed.malformed
     if protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
         return Status.EXPLOIT_TAMPER, _refusal(record)
     if protocol.guards and str(record.get("error", "")).startswith("HarnessChanged"):

@@ -69,6 +69,9 @@ class Rules:
 
     def with_overrides(self, overrides: dict) -> "Rules":
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "version"}
+        if overrides.get("version", self.version) != self.version:
+            raise InputError(f"rules: version {overrides['version']!r} is not this kbverify's ({self.version})")
+        overrides = {key: value for key, value in overrides.items() if key != "version"}
         unknown = set(overrides) - set(fields)
         if unknown:
             raise InputError(f"rules: unknown field(s) {', '.join(sorted(unknown))}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kbverify import hang as hang_module
 from kbverify import provenance as provenance_module
-from kbverify import device_share, gpu_processes, input_plan, judge, stats, timing_control, toolchain
+from kbverify import device_share, evidence, gpu_processes, input_plan, judge, stats, timing_control, toolchain
 from kbverify.channel import handover_strays, marker_names, write_marker
 from kbverify.errors import InfrastructureError
 from kbverify.inputs import derive_seed, new_run_secret
@@ -35,6 +35,10 @@ from kbverify.toolchain import build_env
 
 log = logging.getLogger(__name__)
 
+# Where each part of a verified timing record comes from (kbverify.evidence). The rounds hold the worker's
+# reported times as the parent received them, and the parent's own clock around each batch.
+TIMING_ORIGINS = {"interleaved": "claimed", "rounds": "observed", "timed_outputs": "computed",
+                  "clean_reference": "computed", "noise_margin": "computed", "gpu_processes": "observed"}
 PROBE_WORKER_TIMEOUT_S = 120.0  # a fresh worker bringing up torch (and CUDA) on a busy machine
 
 
@@ -327,16 +331,21 @@ def _correctness_isolated(context: _Context, secret: str) -> Verdict:
             _died(judged, "reference", context.options.device)  # ours, if a worker cannot start here
             status, detail = judge.reference_death(judged)
             return _base_verdict(context, status, message=detail, hidden_shapes=origin)
-        fault = judge.judge_infrastructure(judged.result)
+        claimed = evidence.from_child(candidate.result, ran_submission=candidate.ran_submission,
+                                      source="the candidate's worker", schema=evidence.CANDIDATE_SCHEMA)
+        computed = evidence.from_child(judged.result, ran_submission=judged.ran_submission,
+                                       source="the judge's worker", schema=evidence.JUDGE_SCHEMA)
+        fault = judge.judge_infrastructure(computed)
         if fault is not None:  # the judge's process has no submission code: its word is the machine's state
             raise InfrastructureError(fault)
         # the parent's own look at the folder, not the candidate's word: a record of its own
-        observed = {"handover_strays": handover_strays(outdir, [s["set_id"] for s in sets], markers)}
+        observed = evidence.observed("the parent's listing of the hand-over folder", {
+            "handover_strays": handover_strays(outdir, [s["set_id"] for s in sets], markers)})
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
-    set_results = judge.merge_set_records(plan, candidate.result, judged.result, protocol)
-    build = judge.build_record(context.static, candidate.result.get("extensions"))
-    decided = judge.decide_isolated(set_results, candidate.result, context.static, build, protocol, observed)
+    set_results = judge.merge_set_records(plan, claimed, computed, protocol)
+    build = judge.build_record(context.static, claimed.plain().get("extensions"))
+    decided = judge.decide_isolated(set_results, claimed, context.static, build, protocol, observed)
     if decided.status is Status.COMPILE_ERROR:  # its load error: the machine's, if a probe build fails too
         build = _confirm_machine_failure(context, build)
     kept = input_plan.kept_axes_note(context.task, protocol, context.options.hidden_dirs)
@@ -382,7 +391,7 @@ class _Measured:
     """What the exclusive part of a verified timing measured, for the parts that follow it."""
 
     payload: dict
-    record: dict  # the interleaved timing worker's record, its rounds as this process drove them
+    record: dict  # the interleaved timing worker's record (claimed); its rounds are the parent's, in `driven`
     driven: object  # timing_control.Driven of the candidate's worker
     clean: dict | None  # the clean reference's record and rounds (None: not measured, or its worker died)
 
@@ -406,13 +415,14 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str
     if timed.died:
         status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
-    record = {key: value for key, value in timed.result.items() if key not in ("rounds", "stale")}
-    failure = judge.timed_failure(record, protocol, forged=driven.forged, stopped=driven.stopped,
+    claimed = evidence.from_child({key: value for key, value in timed.result.items() if key not in ("rounds", "stale")},
+                                  ran_submission=timed.ran_submission, source="the candidate's timing worker",
+                                  schema=evidence.TIMING_SCHEMA)
+    failure = judge.timed_failure(claimed, protocol, forged=driven.forged, stopped=driven.stopped,
                                   exit_code=timed.exit_code,
                                   reference_fails_alone=lambda: _reference_fails_alone(context, payload))
     if failure is not None:
         return dataclasses.replace(verdict, status=failure[0], message=failure[1])
-    record["rounds"] = driven.rounds
     clean = None
     if protocol.guards:
         clean_outcome, clean_driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
@@ -420,16 +430,16 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str
                                               target=protocol.ci_half_width, check=False)
         clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
     _look_at_gpu(context, "after")
-    return _Measured(payload, record, driven, clean)
+    return _Measured(payload, claimed.plain(), driven, clean)
 
 
 def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache,
                     timed_outputs: dict) -> Verdict:
-    """The timing record keeps each origin apart: `interleaved` is the candidate's timing worker's record with the
-    rounds this process drove; `timed_outputs` is the clean check's (computed); `clean_reference` the clean
-    reference's rounds."""
+    """The timing record keeps each origin apart (`TIMING_ORIGINS`): the candidate's timing worker's record, the
+    rounds this process drove, the clean check's record, the clean reference's."""
     margin = _noise_margin(context, measured.clean, margin_cache)
-    timing = {"interleaved": measured.record, "timed_outputs": timed_outputs,
+    timing = {"origins": dict(TIMING_ORIGINS), "interleaved": measured.record, "rounds": measured.driven.rounds,
+              "timed_outputs": timed_outputs,
               "clean_reference": measured.clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)

@@ -19,7 +19,8 @@ _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudn
 
 def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     """Speedup, CI, speed class, the timing mode, both clocks and the timing guards, from the raw record alone."""
-    record = verdict.timing["interleaved"]
+    # a view for reading: the worker's record (claimed) beside the rounds the parent drove (observed)
+    record = {**verdict.timing["interleaved"], "rounds": driven_rounds(verdict.timing)}
     clean = verdict.timing.get("clean_reference")
     on_gpu = str(verdict.timing.get("device", "cpu")).startswith("cuda")
     all_rounds = record.get("rounds", [])
@@ -77,6 +78,14 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         verdict, status=status, message=message, warnings=tuple(dict.fromkeys(warnings)),
         speedup=estimate.speedup, speedup_ci=(estimate.ci_low, estimate.ci_high), timing=timing,
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
+
+
+def driven_rounds(timing: dict) -> list:
+    """The rounds the parent drove and recorded (`timing["rounds"]`); stores made before the record was kept
+    apart hold them inside the worker's record."""
+    if "rounds" in timing:
+        return timing["rounds"] or []
+    return (timing.get("interleaved") or {}).get("rounds") or []
 
 
 def _timed_outputs(timing: dict) -> dict:

@@ -31,6 +31,7 @@ from kbverify.runner import CheckOptions, check  # noqa: E402
 from kbverify.static import scan  # noqa: E402
 from kbverify.submissions import load_submission, make_submission  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
+from kbverify.timing_verdict import driven_rounds  # noqa: E402
 
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=1.0)}
 # Cases of the CPU corpus whose point is what a GPU does (cuDNN's nondeterminism, its clamp boundaries)
@@ -77,7 +78,7 @@ def _timing_summary(timing: dict | None) -> dict | None:
             "noise_margin")
     return {**{key: timing.get(key) for key in keep},
             **{key: interleaved.get(key) for key in ("phase_ms_per_call", "cover_ms", "uncovered_calls", "host_ms")},
-            "rounds": len(interleaved.get("rounds") or []),
+            "rounds": len(driven_rounds(timing)),
             "clean_rounds": len((timing.get("clean_reference") or {}).get("rounds") or []),
             "timed_outputs_checked": (timing.get("timed_outputs") or {}).get("checked")}
 

@@ -27,6 +27,7 @@ from kbverify.static import scan
 from kbverify.status import Status, Warn
 from kbverify.submissions import Submission, load_submission, make_submission
 from kbverify.tasks import load_task
+from kbverify.timing_verdict import driven_rounds
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +84,7 @@ def _timing_summary(timing: dict | None) -> dict | None:
     return {**{key: timing.get(key) for key in keep},
             **{key: interleaved.get(key) for key in ("phase_ms_per_call", "cover_ms", "uncovered_calls",
                                                       "host_ms", "hold_probe")},
-            "rounds": len(interleaved.get("rounds") or []),
+            "rounds": len(driven_rounds(timing)),
             "clean_rounds": len((timing.get("clean_reference") or {}).get("rounds") or [])}
 
 

@@ -159,12 +159,14 @@ def test_a_forward_that_draws_random_numbers_keeps_todays_rule_and_says_so():
 
 def _verdict_as_check_decides(protocol, candidate: dict, judged: dict, plan) -> Verdict:
     """A verdict made by the judge's own functions, as check makes it, through the store's representation."""
-    from kbverify import judge
+    from kbverify import evidence, judge
     from kbverify.records import BuildRecord
     from kbverify.static import scan
 
-    sets = judge.merge_set_records(plan, candidate, judged, protocol)
-    decided = judge.decide_isolated(sets, candidate, scan("class ModelNew: pass"),
+    claimed = evidence.from_child(candidate, ran_submission=True, source="candidate", schema=evidence.CANDIDATE_SCHEMA)
+    computed = evidence.from_child(judged, ran_submission=False, source="judge", schema=evidence.JUDGE_SCHEMA)
+    sets = judge.merge_set_records(plan, claimed, computed, protocol)
+    decided = judge.decide_isolated(sets, claimed, scan("class ModelNew: pass"),
                                     BuildRecord(native_sources=False, extension_built=None, extension_called=None),
                                     protocol)
     verdict = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",

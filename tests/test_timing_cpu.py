@@ -6,6 +6,7 @@ from kbverify.protocols import VERIFIED
 from kbverify.runner import CheckOptions, check
 from kbverify.submissions import make_submission
 from kbverify.tasks import parse_task
+from kbverify.timing_verdict import driven_rounds
 
 pytestmark = pytest.mark.serial  # its verdicts are measured speeds: alone on the machine (.ci/run)
 
@@ -93,7 +94,7 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     # harness's own work between rounds counts too, so a loaded 2-core machine gets some slack); what the parent
     # does after the last round is not the stopping rule's (a 0.4 s stall there once failed a bound on the whole)
     record = verdict.timing["interleaved"]
-    rounds = record["rounds"]
+    rounds = driven_rounds(verdict.timing)
 
     def round_s(r) -> float:
         # a CPU runs the device kind alone (runner._kinds): no host-kind walls there
@@ -114,7 +115,7 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
     # half the budget unseen); the worker's own span adds only the messages around them
     accounted_s = sum(round_s(r) for r in rounds)
     assert accounted_s <= record["timing_s"] + 0.01 <= accounted_s + 0.06 + 0.01 * len(rounds)
-    assert max(r["between_ms"] for r in record["rounds"]) < 100, "the stopping rule's imports must be done before"
+    assert max(r["between_ms"] for r in rounds) < 100, "the stopping rule's imports must be done before"
 
 
 def test_no_round_starts_that_would_end_past_the_budget():
@@ -339,7 +340,7 @@ def test_the_known_2x_and_the_a_a_hold_in_sync_mode():
     # than the device kind's own test (the second call of the same work also finds warm caches on a CPU)
     assert 0.45 < twice.speedup < 0.6, twice.speedup
     host, device = twice.timing["clocks"]["host"], twice.timing["clocks"]["device"]
-    assert host["speedup"] == twice.speedup and host["n_rounds"] == len(twice.timing["interleaved"]["rounds"])
+    assert host["speedup"] == twice.speedup and host["n_rounds"] == len(driven_rounds(twice.timing))
     # the two kinds time the same calls the same way here: their intervals meet
     assert host["ci"][0] <= device["ci"][1] and device["ci"][0] <= host["ci"][1], (host, device)
     same = _speed_in_sync_mode(SAME)
@@ -357,7 +358,7 @@ def test_every_round_draws_one_of_the_correctness_distributions_in_turn():
     task = parse_task(TASK, name="1_TanhMatmul", level=1, problem_id=1)
     verdict = check(task, make_submission(SAME, id="s.py"), protocol, CheckOptions(device="cpu", timeout_s=120))
     assert verdict.status.value == "passed", verdict.message
-    drawn = [r["distribution"] for r in verdict.timing["interleaved"]["rounds"]]
+    drawn = [r["distribution"] for r in driven_rounds(verdict.timing)]
     start = distributions.index(drawn[0])
     assert drawn == [distributions[(start + i) % len(distributions)] for i in range(len(drawn))]
     assert verdict.timing["timed_outputs"]["checked"] > 0

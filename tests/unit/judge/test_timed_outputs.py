@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import timed_evidence
 from kbverify.correctness import judge_set, summarize
+from kbverify import evidence
 from kbverify.judge import judge_infrastructure
 from kbverify.protocols import VERIFIED
 from kbverify.status import Status, Warn
@@ -114,8 +115,12 @@ def test_a_projection_record_under_its_own_limit_is_no_evidence():
 def test_the_judges_own_out_of_memory_is_named_and_never_a_status():
     record = {"sets": {"original/x1/default/s0": {"valid": True, "comparison": {"outputs": []}},
                        "original/x3/default/s0": {"valid": True, "infrastructure_error": "out of memory comparing"}}}
-    assert "original/x3/default/s0" in judge_infrastructure(record)
-    assert judge_infrastructure({"sets": {"a": {"valid": True}}}) is None
+    assert "original/x3/default/s0" in judge_infrastructure(_computed(record))
+    assert judge_infrastructure(_computed({"sets": {"a": {"valid": True}}})) is None
+
+
+def _computed(record: dict):
+    return evidence.from_child(record, ran_submission=False, source="judge", schema=evidence.JUDGE_SCHEMA)
 
 
 def test_a_copy_that_is_not_the_committed_one_is_an_exploit_even_when_right():
