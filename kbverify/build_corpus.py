@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,10 +182,15 @@ def render(summary: BuildSummary) -> str:
     return "\n".join(lines) + "\n"
 
 
+# a compiler's or linker's line that says why: gcc `file.cpp:4:56: error: ...`, nvcc `file.cu(12): error: ...`,
+# ld `/usr/bin/ld: cannot find -lcudart`; torch's own first line only names the extension
+_WHY = re.compile(r"(:\d+: |\): )(fatal )?error|\bld: ", re.IGNORECASE)
+
+
 def _first_lines(message: str, limit: int = 300) -> str:
-    """A build error's line that says why: the compiler's first `error` line, else the message's start."""
+    """A build error's line that says why (`_WHY`), else the message's start."""
     for line in message.splitlines():
-        if "error" in line.lower() and len(line) < 1000:
+        if _WHY.search(line) and len(line) < 2000:
             return line.strip()[:limit]
     return " ".join(message.split())[:limit]
 
