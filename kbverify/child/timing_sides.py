@@ -221,6 +221,7 @@ def snapshot(outputs: list, slot: list) -> list:
 # multiply has the same bits), and the number of lanes a copy is hashed in.
 _MIX = (0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64))
 _LANES = 1 << 18
+_FOLDED = 1 << 12
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -249,17 +250,22 @@ def _digest_one(copy: torch.Tensor) -> str:
 
 
 def lane_digest(bits: torch.Tensor, header: bytes = b"") -> str:
-    """The device's digest of integer `bits`: up to 2**18 lanes, each chaining its elements through a 64-bit mix
-    in order, then BLAKE2b of the lanes' end states. Matching a given digest by nudging elements means matching
-    every lane's 64-bit state."""
+    """The device's digest of integer `bits`: up to 2**18 lanes (a power of two), each chaining its elements
+    through a 64-bit mix in order; the lanes' end states folded pairwise on the device down to 2**12 (each fold
+    mixes one half into the other, in order), then BLAKE2b of those. Matching a given digest by nudging elements
+    means matching every folded 64-bit state. The fold keeps the bytes that leave the device, and the host's
+    hash, small: unfolded, a 64K-element output cost 1.5 ms a call on an H200, 77 times its copy."""
     bits = bits.reshape(-1).to(torch.int64)
-    lanes = min(_LANES, bits.numel())
+    lanes = min(_LANES, 1 << (bits.numel().bit_length() - 1))
     steps = -(-bits.numel() // lanes)
     if steps * lanes != bits.numel():
         bits = torch.cat([bits, bits.new_zeros(steps * lanes - bits.numel())])
     state = torch.arange(lanes, dtype=torch.int64, device=bits.device)
     for row in bits.view(steps, lanes):
         state = _mix(state ^ row) + row  # fed forward: a lane's state is not run backwards from its end
+    while state.numel() > _FOLDED:
+        half = state.numel() // 2
+        state = _mix(state[:half] ^ _mix(state[half:]))  # asymmetric: swapping the halves changes it
     return hashlib.blake2b(header + state.cpu().numpy().tobytes(), digest_size=32).hexdigest()
 
 

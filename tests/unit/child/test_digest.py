@@ -39,3 +39,17 @@ def test_dtype_and_shape_are_part_of_the_digest():
     x = torch.arange(12, dtype=torch.int32)
     assert digest([x]) != digest([x.view(3, 4)]) != digest([x.view(torch.float32)])
     assert digest([None, torch.zeros(0)]) == [None, digest([torch.zeros(0)])[0]]
+
+
+def test_the_fold_keeps_every_lane_in_the_digest():
+    """Past 2**12 lanes the end states are folded: a change in any lane, either half, still changes it, and so
+    does swapping two lanes' contents."""
+    bits = torch.arange(1, 1 + (1 << 14), dtype=torch.int64)
+    base = lane_digest(bits)
+    for index in (0, (1 << 12) - 1, 1 << 12, (1 << 13) + 7, (1 << 14) - 1):
+        changed = bits.clone()
+        changed[index] += 1
+        assert lane_digest(changed) != base, index
+    swapped = bits.clone()
+    swapped[[0, 1 << 13]] = swapped[[1 << 13, 0]]
+    assert lane_digest(swapped) != base
