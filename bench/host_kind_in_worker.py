@@ -62,7 +62,7 @@ def measure(task_path: str, submission_path: str, budget_s: float, device: str, 
 
 def _unexplained_difference(rounds: list, kind: str) -> float | None:
     """Median over rounds of what the candidate's batch of this kind left unexplained per call (the parent's wall
-    less the worker's times) minus the reference's: kbverify.timing_confirmation.device_time_confirmed's d, by kind."""
+    less the worker's times) minus the reference's: kbverify.judge.confirmation.device_time_confirmed's d, by kind."""
     differences = []
     for r in rounds:
         per_side = []

@@ -122,3 +122,8 @@ JUDGE_SCHEMA = {"sets": dict}
 TIMING_SCHEMA = {"refused": list, "tampered": list, "error": str, "load_error": str, "error_side": str,
                  "warnings": list, "flags_changed": list, "torch_functions_changed": list, "n_unsettled": int,
                  "settle_gaps_ms": dict, "threads_started": dict, "uncovered_calls": dict, "host_ms": dict}
+
+# Where each part of a verified timing record comes from; the rounds hold the worker's times as the parent
+# received them and the parent's own clock around each batch.
+TIMING_ORIGINS = {"interleaved": "claimed", "rounds": "observed", "timed_outputs": "computed",
+                  "clean_reference": "computed", "noise_margin": "computed", "gpu_processes": "observed"}

@@ -403,7 +403,7 @@ def _rejudge_store(path: Path, target, source: Path, *, write: bool) -> tuple[li
     """Every verdict of the store at `path` rejudged under `target`, and the status changes. `write`: the store
     is a copy, whose verdicts of the target protocol are replaced and whose runs are annotated."""
     from kbverify import provenance
-    from kbverify.rejudge import rejudge_verdict
+    from kbverify.judge.rejudge import rejudge_verdict
     from kbverify.store import Store
 
     rejudged, changes = [], []

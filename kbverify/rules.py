@@ -30,7 +30,7 @@ class Rules:
     # That allowance covers a tail only: the share of elements over the plain limit may exceed the reference's by
     # the same factor and by this floor at most (granted to every element, it let 8% of outputs move by 1.3%).
     rounding_tail_floor: float = 1e-4
-    # ---- the timed outputs' check (kbverify.timed_outputs) --------------------------------------------------
+    # ---- the timed outputs' check (kbverify.judge.timed_outputs) -------------------------------------------
     # One checked call this many times over its norm-wise limit, or non-finite where the reference is finite, is
     # a wrong output; a smaller excess is one only on more than `stale_marginal_fraction` of the checked calls
     # (a timed path that downgrades a few calls gains little). An error under the limit is never evidence
@@ -46,7 +46,7 @@ class Rules:
     unexplained_min_ms: float = 0.005
     # Below this many judged rounds, each round must account for its times (no order-statistic bound).
     few_rounds: int = 5
-    # ---- the timing verdict (kbverify.timing_verdict) --------------------------------------------------------
+    # ---- the timing verdict (kbverify.judge.timing) ----------------------------------------------------------
     # A warning only: speedups past this are rare enough to deserve a second look.
     excessive_speedup: float = 10.0
     # Below this share of the time needed to read the inputs once at peak bandwidth: impossible.

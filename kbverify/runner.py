@@ -1,9 +1,9 @@
 """One (task, submission, protocol) → one Verdict. The parent side: it plans, starts children, and turns their raw
 records into statuses through the judge. It never imports a submission.
 
-Deciding is separate from running: every status comes from `kbverify.judge` and `decide_timing`
-(kbverify.timing_verdict), which read only raw records, so `rejudge` reaches the same verdicts from a store
-without a GPU. What stays here is what needs a process to find out (a probe worker, a probe build).
+Deciding is separate from running: every status comes from `kbverify.judge`, which reads only evidence, so
+`rejudge` reaches the same verdicts from a store without a GPU. What stays here is what needs a process to find
+out (a probe worker, a probe build).
 """
 
 from __future__ import annotations
@@ -30,15 +30,11 @@ from kbverify.static import StaticScan, scan
 from kbverify.status import Status
 from kbverify.submissions import Submission
 from kbverify.tasks import Task
-from kbverify.timing_verdict import decide_timing
+from kbverify.judge.timing import decide_timing
 from kbverify.toolchain import build_env
 
 log = logging.getLogger(__name__)
 
-# Where each part of a verified timing record comes from (kbverify.evidence). The rounds hold the worker's
-# reported times as the parent received them, and the parent's own clock around each batch.
-TIMING_ORIGINS = {"interleaved": "claimed", "rounds": "observed", "timed_outputs": "computed",
-                  "clean_reference": "computed", "noise_margin": "computed", "gpu_processes": "observed"}
 PROBE_WORKER_TIMEOUT_S = 120.0  # a fresh worker bringing up torch (and CUDA) on a busy machine
 
 
@@ -435,11 +431,11 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str
 
 def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache,
                     timed_outputs: dict) -> Verdict:
-    """The timing record keeps each origin apart (`TIMING_ORIGINS`): the candidate's timing worker's record, the
-    rounds this process drove, the clean check's record, the clean reference's."""
+    """The timing record keeps each origin apart (`evidence.TIMING_ORIGINS`): the candidate's timing worker's
+    record, the rounds this process drove, the clean check's record, the clean reference's."""
     margin = _noise_margin(context, measured.clean, margin_cache)
-    timing = {"origins": dict(TIMING_ORIGINS), "interleaved": measured.record, "rounds": measured.driven.rounds,
-              "timed_outputs": timed_outputs,
+    timing = {"origins": dict(evidence.TIMING_ORIGINS), "interleaved": measured.record,
+              "rounds": measured.driven.rounds, "timed_outputs": timed_outputs,
               "clean_reference": measured.clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
@@ -470,7 +466,7 @@ def _kinds(context: _Context) -> tuple:
 
 def _check_timed_outputs(context: _Context, payload: dict, driven, outdir: str) -> dict:
     """The chosen timed outputs' copies against the reference, in a worker without submission code: its record is
-    computed evidence (kbverify.child.timing_check), judged by kbverify.timing_verdict."""
+    computed evidence (kbverify.child.timing_check), judged by kbverify.judge.timing."""
     if not driven.checks:
         return {"checked": 0, "calls": []}
     checked = _run(context, "timing_check", {**payload, "submission_source": "", "checks": driven.checks},

@@ -29,7 +29,7 @@ candidate's to forge, so the rule is made so that forging it cannot pay:
    (to look blocked) is left with its host-kind time, never less than its honest device time, and its
    device-clock speedup can only fall. A reference slowed beside the candidate to look blocked is capped at
    its host-kind time, which is above its true device time: as in the hold mode, the clean process's reference
-   (timed where no submission code ran) bounds it (kbverify.timing_verdict._against_clean_reference).
+   (timed where no submission code ran) bounds it (kbverify.judge.timing._against_clean_reference).
 3. The fast_p tables are made from a named clock (`--clock device|host`), never from whichever the mode picked;
    the mode only chooses the verdict's headline, and a table of either clock reads the same numbers however the
    mode was chosen. So `score --clock device` of a candidate that fakes blocking is its capped device clock (1),

@@ -31,7 +31,7 @@ from kbverify.runner import CheckOptions, check  # noqa: E402
 from kbverify.static import scan  # noqa: E402
 from kbverify.submissions import load_submission, make_submission  # noqa: E402
 from kbverify.tasks import load_task  # noqa: E402
-from kbverify.timing_verdict import driven_rounds  # noqa: E402
+from kbverify.judge.timing import driven_rounds  # noqa: E402
 
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=1.0)}
 # Cases of the CPU corpus whose point is what a GPU does (cuDNN's nondeterminism, its clamp boundaries)

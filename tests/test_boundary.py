@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PARENT_SIDE = ["kbverify", "kbverify.cli", "kbverify.jobs", "kbverify.runner", "kbverify.rescore", "kbverify.sandbox",
                "kbverify.supervisor", "kbverify.confine", "kbverify.channel", "kbverify.timing_control",
-               "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.rejudge",
+               "kbverify.report", "kbverify.score", "kbverify.store", "kbverify.validate", "kbverify.judge.rejudge",
                "kbverify.importers", "kbverify.present", "kbverify.progress", "kbverify.stats",
                "kbverify.leaderboard", "kbverify.labels", "kbverify.ray_executor", "kbverify.counting",
                "kbverify.summary", "kbverify.report_tables", "kbverify.report_html", "kbverify.judge",

@@ -27,7 +27,7 @@ from kbverify.static import scan
 from kbverify.status import Status, Warn
 from kbverify.submissions import Submission, load_submission, make_submission
 from kbverify.tasks import load_task
-from kbverify.timing_verdict import driven_rounds
+from kbverify.judge.timing import driven_rounds
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import timed_evidence
 from corpus_cases import CORPUS, REPO
 from kbverify.protocols import KBV, VERIFIED
 from kbverify.records import Verdict
-from kbverify.rejudge import rejudge_verdict
+from kbverify.judge.rejudge import rejudge_verdict
 from kbverify.runner import CheckOptions, check
 from kbverify.status import Status
 from kbverify.submissions import load_submission

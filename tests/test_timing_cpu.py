@@ -6,7 +6,7 @@ from kbverify.protocols import VERIFIED
 from kbverify.runner import CheckOptions, check
 from kbverify.submissions import make_submission
 from kbverify.tasks import parse_task
-from kbverify.timing_verdict import driven_rounds
+from kbverify.judge.timing import driven_rounds
 
 pytestmark = pytest.mark.serial  # its verdicts are measured speeds: alone on the machine (.ci/run)
 

@@ -479,7 +479,7 @@ def test_no_verdict_reports_a_device_time_above_its_host_time_after_the_clean_re
 
 def test_the_device_clock_is_lowered_to_the_host_time_where_the_adjustments_cross():
     from kbverify.stats import SpeedupEstimate
-    from kbverify.timing_verdict import _within_host
+    from kbverify.judge.timing import _within_host
 
     device = (SpeedupEstimate(2.0, 1.9, 2.1, 20, "order_statistic"), 0.20, 0.10)
     estimate, ref_ms, cand_ms = _within_host(device, (None, 0.15, 0.12))

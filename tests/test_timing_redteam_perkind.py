@@ -1,5 +1,5 @@
 """Red team of the per-kind confirmation (6acd058): each clock (device, host) is confirmed on its own kind's
-batches (timing_confirmation.device_time_confirmed with kinds=(kind,)) and takes the net wall of its own kind where
+batches (confirmation.device_time_confirmed with kinds=(kind,)) and takes the net wall of its own kind where
 that kind is unconfirmed; the device clock is capped at the host clock's side medians (timing_modes._capped).
 
 What the candidate's worker reports (both sides' per-call times, the hold probe, the settle gaps, n_unsettled) is
@@ -25,7 +25,7 @@ Findings (xfail strict: an open hole, with its numbers; plain tests: a rule that
    than the clean process's, which only widened the interval (`_against_clean_reference` adjusts a slowed
    reference, never a fast one). 1.50x was credited 6.0x on both clocks (class `ambiguous`; the point estimate
    is what fast_p counts). Closed: a reference faster beside the candidate than alone beyond the tolerance voids
-   both sides' times (timing_verdict._hastened_kinds); the clocks read the parent's walls.
+   both sides' times (kbverify.judge.timing._hastened_kinds); the clocks read the parent's walls.
 
 What would close (1)-(3), tried on the H200 stores e, f (share 4) and the share-1 three (results/), not
 committed: (a) flooring each round's claim at that round's net wall less the threshold closes all three (their
@@ -69,7 +69,7 @@ def _judge(rounds, **kwargs):
 
 def _honest_count(n: int) -> int:
     """The fewest rounds with d <= 0 that keep the 80% rule's lower bound at or below zero
-    (timing_confirmation._median_lower_bound at z = 1.2816): it takes the (k+1)-th smallest d."""
+    (confirmation._median_lower_bound at z = 1.2816): it takes the (k+1)-th smallest d."""
     return max(0, int(n / 2 - 1.2816 * math.sqrt(n) / 2) - 1) + 1
 
 

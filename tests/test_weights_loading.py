@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from kbverify.child.construct import WeightsRefused, load_weights, names_of
 from kbverify.child.evaluate import rerandomized_state
-from kbverify.rejudge import _wanted
+from kbverify.judge.rejudge import _wanted
 from kbverify.protocols import KBV, VERIFIED
 from kbverify.records import SetResult
 from kbverify.status import Status

@@ -4,7 +4,7 @@ The candidate's timing worker copied every timed output at its end event and wro
 parent chose, after each batch, into the parent's folder (kbverify.timing_control). Here each copy is read under
 the reference's bound, allowing no code to run, and compared on the inputs its call drew (the parent's seed and
 distribution) by the same comparison as the correctness sets (kbverify.child.evaluate.judge_call). The record is
-computed evidence; the parent applies the protocol's rule to it (kbverify.timing_verdict).
+computed evidence; the parent applies the protocol's rule to it (kbverify.judge.timing).
 """
 
 from __future__ import annotations

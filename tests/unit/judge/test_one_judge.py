@@ -8,15 +8,16 @@ from pathlib import Path
 import kbverify
 
 PACKAGE = Path(kbverify.__file__).parent
-# The judge: pure decisions from evidence and a protocol. status.py defines the enum.
-JUDGE = {"judge.py", "timing_verdict.py", "timed_outputs.py", "rejudge.py", "status.py"}
+# The judge (kbverify/judge/): pure decisions from evidence and a protocol. status.py defines the enum.
+JUDGE_PACKAGE = "judge/"
+ENUM = "status.py"
 
 
 def _choices_outside_the_judge() -> list[str]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative in JUDGE:
+        if relative.startswith(JUDGE_PACKAGE) or relative == ENUM:
             continue
         tree = ast.parse(path.read_text(), str(path))
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}

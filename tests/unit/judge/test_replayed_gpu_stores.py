@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kbverify.protocols import parse_protocols
-from kbverify.rejudge import rejudge_verdict
+from kbverify.judge.rejudge import rejudge_verdict
 from kbverify.store import Store
 
 REPO = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ from kbverify import judge
 from kbverify.errors import InputError
 from kbverify.protocols import ORIGINAL, VERIFIED, get_protocol, protocol_from_dict
 from kbverify.rules import DEFAULT_RULES
-from kbverify.timed_outputs import judge_timed_outputs
+from kbverify.judge.timed_outputs import judge_timed_outputs
 
 # The presets' hashes from before the rules record: stored verdicts name their protocol by it.
 VERIFIED_SHA256 = "8c0f0f26cb54"

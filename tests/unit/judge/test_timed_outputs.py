@@ -1,4 +1,4 @@
-"""The timed-output rule (kbverify.timed_outputs) on check records made from real comparisons: a timed output within
+"""The timed-output rule (kbverify.judge.timed_outputs) on check records made from real comparisons: a timed output within
 the protocol's limits is never evidence of an exploit; a copy the candidate's process withheld is; a fault of the
 machine's is never the kernel's."""
 
@@ -14,7 +14,7 @@ from kbverify import evidence
 from kbverify.judge import judge_infrastructure
 from kbverify.protocols import VERIFIED
 from kbverify.status import Status, Warn
-from kbverify.timed_outputs import judge_timed_outputs
+from kbverify.judge.timed_outputs import judge_timed_outputs
 
 
 def _with_call(stale: dict, index: int, **fields) -> dict:

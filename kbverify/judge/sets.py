@@ -1,17 +1,10 @@
-"""The judge: every status of a check decided from raw records, by the same code for `check`, `rescore` and
-`rejudge`. Pure functions of stored dicts and records; nothing here imports torch, the child side, or anything that
-starts a process, so a verdict can be decided again from a store on any machine.
-
-What the runner still decides itself is what needs a process: whether a worker starts on this machine at all (a
-probe, before `death` may blame a child that died without a phase), whether a failed build is the machine's
-(`kbverify.toolchain`), and whether a reference that failed beside the candidate fails alone too. The timing
-guards are `kbverify.timing_verdict.decide_timing`, which also reads only the stored timing record.
+"""The correctness verdict of the isolated protocols: each input set from the candidate's claimed guard evidence
+and the judge's computed comparison, then the sets together (SPEC §2, §4). Pure: no torch, no processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from kbverify import output_structure
@@ -19,11 +12,11 @@ from kbverify.correctness import ExactEvidence, judge_set
 from kbverify.errors import InfrastructureError
 from kbverify.evidence import Evidence, Origin
 from kbverify.inputs import InputSet
+from kbverify.judge.build import code_path_warnings
 from kbverify.protocols import Protocol
 from kbverify.records import BuildRecord, SetResult
-from kbverify.static import StaticScan, classify_build_error
+from kbverify.static import StaticScan
 from kbverify.status import Status, Warn, worst
-from kbverify.timing_verdict import _refusal
 
 # Warnings derived from the input sets alone: a rejudge under other rules derives them again from the sets it keeps.
 SET_WARNINGS = (Warn.BASELINE_ALLOWANCE_USED.value, Warn.NO_VALID_INPUT_SETS.value, Warn.SHAPE_SPECIALIZED.value,
@@ -43,19 +36,6 @@ class Decision:
     warnings: tuple[str, ...] = ()
     failing: SetResult | None = None  # the set a reproducer names (the first of the worst failures)
 
-
-@dataclass(frozen=True)
-class KernelbenchDecision:
-    """The original (KernelBench v0.1) protocol's verdict from its one evaluation record."""
-
-    status: Status
-    message: str
-    warnings: tuple[str, ...]
-    build: BuildRecord
-    timing: dict
-    speedup: float | None = None
-    ref_time_ms: float | None = None
-    cand_time_ms: float | None = None
 
 
 # ---- one input set ---------------------------------------------------------------------------------------------
@@ -314,199 +294,3 @@ def reproducer(protocol: Protocol, secret: str, failing: SetResult | None) -> di
                       "distribution": failing.distribution, "weights": failing.weights,
                       "worst": (failing.errors.get("comparison", {}).get("outputs") or [{}])[0].get("worst")})
     return found
-
-
-# ---- what ran ----------------------------------------------------------------------------------------------------
-
-def build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:
-    extensions = extensions or {}
-    attempts = extensions.get("attempts", 0)
-    built = extensions.get("built", 0) > 0 if attempts else (None if not static.native_sources else False)
-    errors = extensions.get("errors") or []
-    error = errors[-1] if errors else ""
-    return BuildRecord(native_sources=static.native_sources, extension_built=built,
-                       extension_called=(extensions.get("calls", 0) > 0) if built else None,
-                       error_class=classify_build_error(error) if error else None, error=error[-3000:],
-                       triton=static.triton, triton_kernels_run=_count_or_none(extensions.get("triton_kernels_run")))
-
-
-def _count_or_none(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def code_path_warnings(static: StaticScan, build: BuildRecord) -> list[str]:
-    warnings: list[str] = []
-    if static.syntax_error:
-        return warnings
-    if static.native_sources and not build.extension_built:
-        warnings.append(Warn.EXTENSION_NOT_BUILT.value)
-    # what ran, where it is known: a triton import whose kernels never compiled is no custom code (an unknown
-    # count keeps the static scan's reading)
-    triton_ran = static.triton and build.triton_kernels_run != 0
-    native_ran = static.native_sources and build.extension_called is not False
-    if not static.has_custom_code or not (triton_ran or native_ran):
-        warnings.append(Warn.PYTORCH_ONLY.value)
-    return warnings
-
-
-def isolation(reported: dict, ran_submission: bool) -> tuple[str, str]:
-    """Degraded if any process that ran the submission's code ran unconfined. `reported`: "isolated" /
-    "degraded" → why, as the submission's workers reported it."""
-    if "degraded" in reported:
-        return "degraded", reported["degraded"]
-    if "isolated" in reported:
-        return "isolated", reported["isolated"]
-    if not ran_submission:
-        # rejected before any process ran its code (it did not parse, has no ModelNew): nothing to confine
-        return "not_run", "no process ran the submission's code"
-    return "degraded", "no process reported how it was confined"
-
-
-# ---- a child that did not report ------------------------------------------------------------------------------
-
-def died_starting_up(outcome) -> bool:
-    """A child (a kbverify.sandbox.ChildOutcome) that died with no phase recorded and not for a timeout: ours
-    unless a worker starts on this machine, which only a probe worker can tell (the runner's to run)."""
-    return not outcome.build_dir_over and not outcome.last_phase and not outcome.timed_out
-
-
-def death(outcome, party: str) -> tuple[Status, str]:
-    """A child that did not report: blame the candidate only if it was running candidate code. Where it died
-    starting up (`died_starting_up`), the caller has seen a probe worker start and finish here.
-
-    The phases are the child's own messages, so once submission code has run (a candidate phase was announced)
-    the ones after it are the submission's to choose: from then on the death is the candidate's whatever phase
-    it last named. Before that the phase record is ours and names the party."""
-    if outcome.build_dir_over:  # the parent's own measure of what the job left on the host's disk
-        return Status.RUNTIME_ERROR, f"its build folder outgrew its bound and was emptied: {outcome.build_dir_over}"
-    tainted = outcome.ran_submission and outcome.submission_phase_seen
-    where = (outcome.last_phase if not tainted or outcome.last_phase.startswith("candidate")
-             else f"{outcome.last_phase} (announced after submission code ran)") or "start-up"
-    if died_starting_up(outcome):
-        where = "a phase it left unrecorded (a probe worker started and finished here)"
-        tainted = tainted or outcome.ran_submission
-    blamed = tainted or _candidate_phase(outcome.trusted_phase or outcome.last_phase, party)
-    if outcome.timed_out:
-        # the reference's own phases are never the candidate's fault, even in the candidate's worker
-        status = Status.TIMEOUT if blamed else Status.UNVERIFIABLE
-        if outcome.stalled_s is not None:
-            return status, (f"no progress for {outcome.stalled_s:.0f} s during {where} (hang budget "
-                            f"{outcome.stall_allowance_s:.0f} s), ended after {outcome.wall_s:.0f} s")
-        return status, f"timed out during {where} after {outcome.wall_s:.0f} s"
-    how = f"signal {outcome.signal}" if outcome.signal else f"exit code {outcome.exit_code}"
-    detail = f"{party} process died during {where} ({how})"
-    tail = (outcome.output_tail or outcome.output_head).strip().splitlines()[-3:]
-    if tail:
-        detail += ": " + " | ".join(tail)[-400:]
-    return (Status.CRASHED if blamed else Status.UNVERIFIABLE), detail
-
-
-def reference_death(outcome) -> tuple[Status, str]:
-    """The judge's own worker (the reference, no submission code) did not report: never the kernel's failure."""
-    _, detail = death(outcome, "reference")
-    return Status.UNVERIFIABLE, "reference/judge failed: " + detail
-
-
-def untimed_reference() -> tuple[Status, str]:
-    """The reference's timing worker (no submission code) gave no time: nothing to compare the kernel with."""
-    return Status.UNVERIFIABLE, "the reference could not be timed"
-
-
-def unloadable_entry(reason: str) -> tuple[Status, str]:
-    """A published entry that could not be turned into a unit (its task or its code missing): its claim stands
-    unverified."""
-    return Status.UNVERIFIABLE, reason
-
-
-def _candidate_phase(phase: str, party: str) -> bool:
-    return phase.startswith("candidate") or (party == "candidate" and not phase.startswith("reference"))
-
-
-# ---- the timed run's record -------------------------------------------------------------------------------------
-
-def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped: str, exit_code,
-                  reference_fails_alone) -> tuple[Status, str] | None:
-    """What ends an isolated protocol's timing before its rounds are judged (`decide_timing`), or None.
-    `claimed`: the timing worker's record; `forged`, `stopped`: what the parent found of its replies
-    (kbverify.timing_control); `reference_fails_alone`: called, only where the worker blames the reference, to run
-    the reference without the candidate (a process: the runner's)."""
-    record = claimed.plain()
-    if forged:
-        return Status.EXPLOIT_TAMPER, "the timing worker's replies are not what it measured: " + forged
-    if claimed.malformed:
-        return Status.EXPLOIT_TAMPER, "the timing worker's record is not one the harness writes: " + claimed.malformed
-    if protocol.guards and record.get("refused"):  # before the errors a refusal usually causes
-        return Status.EXPLOIT_TAMPER, _refusal(record)
-    if protocol.guards and str(record.get("error", "")).startswith("HarnessChanged"):
-        return Status.EXPLOIT_TAMPER, "while timed: " + record["error"]
-    if record.get("load_error") or record.get("error"):
-        # "the reference failed" is the worker's word, and the worker ran submission code: it counts only if
-        # the reference fails alone too
-        if record.get("error_side") == "reference" and reference_fails_alone():
-            return Status.UNVERIFIABLE, "the reference failed while timed: " + record["error"]
-        return Status.RUNTIME_ERROR, "while timed: " + (record.get("load_error") or record.get("error"))
-    if stopped:
-        # The rounds are the parent's to end: a worker that stopped answering and then exited, whatever result it
-        # sent, ended its own timing (a record of its choosing would follow).
-        return Status.CRASHED, (f"while timed: {stopped}; the worker then exited (exit code {exit_code}) before "
-                                f"its rounds were done")
-    return None
-
-
-# ---- the original protocol ----------------------------------------------------------------------------------------
-
-def kernelbench_timing_error(record: dict) -> tuple[Status, str]:
-    """The candidate's KernelBench-style timing worker reported an error instead of a time."""
-    return Status.RUNTIME_ERROR, "while timed: " + str(record.get("error", "no time reported"))
-
-
-def speedup_of(ref_ms: float, cand_ms: float, rules) -> tuple[float, list[str]]:
-    """A mean-time speedup, as KernelBench reports it, and the warning an implausible one earns."""
-    speedup = ref_ms / cand_ms if cand_ms > 0 else math.inf
-    return speedup, [Warn.EXCESSIVE_SPEEDUP.value] if speedup > rules.excessive_speedup else []
-
-
-def decide_kernelbench(record: dict, static: StaticScan, protocol: Protocol) -> KernelbenchDecision:
-    """The original protocol's one evaluation record (its child checks and times in one job). A COMPILE_ERROR
-    here may still be found to be the machine's by the runner."""
-    build = build_record(static, record.get("extensions"))
-    warnings = code_path_warnings(static, build)
-    if record.get("namespace_rebind"):
-        warnings.append(Warn.NAMESPACE_REBIND.value)
-    status, message = kernelbench_status(record)
-    timing = {"kernelbench": {key: record.get(key) for key in ("times_ms", "runtime_stats", "runtime_ms",
-                                                                "input_shapes", "error_during_performance")},
-              "trials": record.get("trials"), "namespace_rebind": record.get("namespace_rebind")}
-    speedup = ref_ms = cand_ms = None
-    if status is Status.PASSED and record.get("runtime_ms"):
-        baseline = record.get("baseline") or {}
-        if "runtime_ms" not in baseline:
-            status, message = Status.UNVERIFIABLE, "the reference could not be timed: " + baseline.get("error", "")
-        else:
-            timing["baseline"] = baseline
-            ref_ms, cand_ms = baseline["runtime_ms"], record["runtime_ms"]
-            speedup, excessive = speedup_of(ref_ms, cand_ms, protocol.rules)
-            warnings += excessive
-            if baseline.get("input_shapes") != record.get("input_shapes"):
-                timing["input_shapes_differ"] = True
-    return KernelbenchDecision(status, message, tuple(dict.fromkeys(warnings)), build, timing, speedup, ref_ms,
-                               cand_ms)
-
-
-def kernelbench_status(record: dict) -> tuple[Status, str]:
-    if not record.get("compiled"):
-        return Status.COMPILE_ERROR, record.get("compilation_error", "")
-    if record.get("runtime_error"):
-        return Status.RUNTIME_ERROR, record["runtime_error"]
-    if record.get("correctness_issue") == "shape_mismatch":
-        shape = next((t["shape_mismatch"] for t in record.get("trials", []) if "shape_mismatch" in t), "")
-        return Status.SHAPE_MISMATCH, shape
-    if not record.get("correctness"):
-        failed = [t for t in record.get("trials", []) if not t.get("passed")]
-        detail = f"{record.get('correctness_trials', '')} trials passed"
-        if failed:
-            detail += f"; max difference {failed[0].get('max_difference')}"
-        return Status.INCORRECT, detail
-    if record.get("error_during_performance"):
-        return Status.RUNTIME_ERROR, "failed while timed: " + record["error_during_performance"]
-    return Status.PASSED, ""
