@@ -212,8 +212,7 @@ def _run_as_user(payload: dict, namespace: dict, sets: list[dict], device, train
             publish_nothing(payload["outdir"], set_id)
             continue
         record["sets"][set_id] = as_user.run_set(payload["submission_source"], payload["task_source"], inputs,
-                                                 weights.state_dict(), input_set, device, train, payload["outdir"],
-                                                 task_module=namespace["__name__"])
+                                                 weights.state_dict(), input_set, device, train, payload["outdir"])
     return [s for s in sets if not s.get("as_user")]
 
 
