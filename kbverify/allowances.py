@@ -52,7 +52,7 @@ def within_allowance(part: dict, allowance: Allowance, key: str, protocol) -> bo
     if allowance.tail_only and part["max_abs_diff"] > factor * base["max_abs_diff"]:
         # the ratios are scaled per element by 1 + |r|, so the base's worst ratio (often at an output near zero,
         # where cancellation leaves rounding that no scale covers) granted at the largest output would move it by
-        # hundreds of times the base's own largest error: a red team put 1.7% on an attention's largest output so.
+        # hundreds of times the base's own largest error (corpus qkv_attention_spends_one_element_tail).
         # Rounding errs in absolute terms at the scale of the terms involved, which the two computations share.
         return False
     return not allowance.tail_only or (

@@ -160,7 +160,7 @@ def clocks(rounds: list, *, confirmed: "bool | dict", cap: bool = True) -> dict[
     host_pairs, host_source = _pairs(rounds, "host", by_kind.get("host", True) or not device_walls)
     device_pairs, device_source = _pairs(rounds, "device", by_kind.get("device", True) or not device_walls)
     # a device clock on the parent's clock is capped on the parent's clock too: the host kind's confirmed claims
-    # would set it (a red team's record: a net wall of 0.10 ms capped at 0.015 ms of host-kind claims)
+    # would set it (tests/test_timing_redteam_perkind.py::test_a_caught_device_kind_is_not_set_by_the_host_kinds_claims)
     ceiling = host_pairs if device_source == "worker" else (timing_control.net_wall_rounds(rounds, "host") or host_pairs)
     out["device"] = _capped(device_pairs, ceiling if cap else [], source=device_source)
     if host_pairs:

@@ -101,9 +101,9 @@ def moved_spreads(model, inputs: list, call_seed: int, truth: list, nudge_seed: 
 MOVED_FACTOR = 4.0
 # Measured on the CPU (a BatchNorm folded into a convolution, wide-range and shifted sets, six secrets): an honest
 # fold's elements over the plain limit were at most 1.92 times the widest of two or three moves (93 times a
-# single one: one random move can leave an element almost still by chance). A red team that predicted each
-# element's spread (a convolution's is known in law) and pushed elements 2 spreads off passed at a factor of 8:
-# five moves at 4 leave honest kernels a factor of two and such a push about one spread.
+# single one: one random move can leave an element almost still by chance). Elements pushed two predicted
+# spreads off (a convolution's spread is known in law) pass at a factor of 8: five moves at 4 leave honest
+# kernels a factor of two and such a push about one spread.
 
 
 def moved_spread(truth, moved):

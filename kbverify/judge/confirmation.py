@@ -38,13 +38,14 @@ def device_time_confirmed(rounds: list, rules: Rules, kinds=KINDS) -> tuple[bool
     work around calls that take what they say. Times shrunk by a factor k leave d = (1 - 1/k) of the true time.
     The device clock is not confirmed when d's median is, with 95% confidence, above `rules.unexplained_fraction`
     of the candidate's own claimed time (and above `rules.unexplained_min_ms`), or past it and above zero with 80%
-    confidence: its speedup could then be inflated by more than that fraction. The test is on the median of paired rounds, so
-    the harness's own jitter, however large next to a microsecond kernel, averages out instead of widening the
-    allowance.
+    confidence: its speedup could then be inflated by more than that fraction. The test is on the median of paired
+    rounds, so the harness's own jitter, however large next to a microsecond kernel, averages out instead of
+    widening the allowance.
 
     `kinds`: the kinds of batch judged. Each clock is judged on its own kind's batches (kbverify.judge.timing):
-    pooled, device-kind times inflated into the hold's share of their batch paid for host-kind times shrunk
-    tenfold (a red team's record: 0.10 ms credited 0.01 ms on both clocks)."""
+    pooled, device-kind times inflated into the hold's share of their batch would pay for host-kind times shrunk
+    tenfold (tests/test_timing_redteam_perkind.py:
+    test_a_kind_shrunk_in_every_round_reads_the_parents_clock_and_leaves_the_other_honest)."""
     differences = _differences(_rounds_the_estimate_rests_on(rounds, kinds), kinds)
     seen = {**unexplained_ms(rounds), "rounds": len(_differences(rounds, kinds)), "judged_rounds": len(differences)}
     if not differences:
@@ -76,11 +77,11 @@ def _median_lower_bound(ordered: list, z: float) -> float:
 
 def _rounds_the_estimate_rests_on(rounds: list, kinds) -> list:
     """The rounds whose speedup is at least the median round's (of the kinds given): the speedup is a median of
-    per-round ratios, so only those can have raised it. Judged over every round, a candidate that shrank its times
-    in just over half of them and claimed a little more than its true time in the rest (d below zero there) held
-    the order-statistic bound of d's median at zero, and was credited 9.9x for a 1.5x kernel (a red team's
-    record); a median moved by the shrunk rounds needs more than half of them shrunk, and then this half is
-    nearly all shrunk."""
+    per-round ratios, so only those can have raised it. Judged over every round, times shrunk in just over half
+    the rounds and padded a little in the rest (d below zero there) would hold the order-statistic bound of d's
+    median at zero; a median moved by shrunk rounds needs more than half of them shrunk, and then this half is
+    nearly all shrunk (tests/test_timing_redteam_perkind.py::
+    test_shrinking_just_over_half_the_rounds_gains_nothing)."""
     scored = []
     for r in rounds:
         ref = [t for kind in kinds for t in r.get(side_key("ref", kind)) or ()]

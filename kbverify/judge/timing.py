@@ -116,8 +116,9 @@ def _hastened_kinds(rounds: list, clean: dict | None, on_gpu: bool, rules) -> tu
     """The kinds of batch whose reference, beside the candidate, read faster than the clean process's beyond the
     tolerance. Both sides' times come from the candidate's process: shrunk alike, they leave the parent's clock
     no more unexplained on one side than on the other, so the confirmation passes them, and the speedup grows
-    (a red team's record: both shrunk by 0.09 ms a call, a true 1.5x read 6.0x). A slowed reference is taken
-    against the clean time (`_against_clean_reference`); a hastened one voids both sides' reported times."""
+    (tests/test_timing_redteam_perkind.py::test_a_shared_shrink_past_the_tolerance_reads_the_walls). A slowed
+    reference is taken against the clean time (`_against_clean_reference`); a hastened one voids both sides'
+    reported times."""
     tolerance = rules.slowdown_tolerance(on_gpu)
     out = []
     for kind in timing_control.KINDS:
