@@ -22,9 +22,10 @@ from kbverify.status import Status, Warn, worst
 SET_WARNINGS = (Warn.BASELINE_ALLOWANCE_USED.value, Warn.NO_VALID_INPUT_SETS.value, Warn.SHAPE_SPECIALIZED.value,
                 Warn.FP16_PATH.value)
 # The judge's copy of a set's evidence that a verdict keeps (SetResult.errors), so that the set can be decided again.
+# The reference's output structure too: without it a rejudge cannot see a structure mismatch and passes the set.
 _KEPT_EVIDENCE = ("comparison", "baseline", "reference_vs_fp64", "ref_mutates_inputs", "ref_outputs", "ref_dtypes",
                   "invalid_reason", "candidate_output_error", "exact_reference", "candidate_vs_fp64",
-                  "baseline_vs_fp64", "moved_vs_fp64")
+                  "baseline_vs_fp64", "moved_vs_fp64", "ref_structure")
 
 
 @dataclass(frozen=True)
