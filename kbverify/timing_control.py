@@ -102,7 +102,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
     if _reply(child, "ready", deadline) is None:
         driven.stopped = _silence(child, "the worker never became ready to time")
         return driven
-    reservoir, calls = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}
+    reservoir, calls, spent = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}, {"digest_s": 0.0}
     checking = _Checking(reservoir, outdir) if check else None
     distributions = tuple(distributions) or ("x1",)
     first_distribution = rng.randrange(len(distributions))
@@ -115,7 +115,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         try:
             for kind, side in batches:
                 _batch(child, side, kind, distribution, rng, entry, calls,
-                       checking if side == "cand" else None, deadline, rules.reply_slack_ms)
+                       checking if side == "cand" else None, deadline, rules.reply_slack_ms, spent)
         except TimingForged as error:
             driven.forged = str(error)
             break
@@ -124,9 +124,10 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
             break
         driven.rounds.append(entry)
         deciding = time.monotonic()
-        # the hand-over of the chosen copies is the check's cost, not the rounds': it buys no precision, and a
-        # large output's copies (tens of milliseconds to write) cut the rounds of an A/A to one (0.67x, H100)
-        elapsed = deciding - started - (checking.spent_s if checking is not None else 0.0)
+        # the digests and the hand-over of the chosen copies are the check's cost, not the rounds': they buy no
+        # precision. A large output's copies cut the rounds of an A/A to one (0.67x, H100); the digests cut a
+        # device-synchronising kernel's from 32 to 4 (GPU corpus honest/scale_shift_relu_cuda_device_sync).
+        elapsed = deciding - started - spent["digest_s"] - (checking.spent_s if checking is not None else 0.0)
         stop = all(stats.should_stop(paired_rounds(driven.rounds, kind), elapsed_s=elapsed, budget_s=budget_s,
                                      target_half_width=target_half_width, min_rounds=min_rounds)
                    for kind in kinds) or no_time_for_another_round(elapsed, len(driven.rounds), budget_s)
@@ -202,7 +203,7 @@ class _Checking:
 
 
 def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, entry: dict, calls: dict,
-           checking: "_Checking | None", deadline: float, slack_ms: float) -> None:
+           checking: "_Checking | None", deadline: float, slack_ms: float, spent: dict) -> None:
     seeds = [rng.getrandbits(32) for _ in range(CALLS_PER_SIDE)]
     first = calls[side]
     asked = time.monotonic()
@@ -214,8 +215,14 @@ def _batch(child, side: str, kind: str, distribution: str, rng: random.Random, e
     # (kbverify.child.timing_rounds._batch).
     sent = time.monotonic()
     _send(child, {"op": "go", "seeds": seeds, "distributions": [distribution] * len(seeds)})
-    timed = _reply(child, "timed", deadline)
+    settled = _reply(child, "settled", deadline)
+    settled_at = time.monotonic()
+    timed = _reply(child, "timed", deadline) if settled is not None else None
     wall_ms = (time.monotonic() - sent) * 1e3
+    # the digests are made between `settled` and `timed`: inside the batch's wall (work hidden there is
+    # unexplained time like any other), out of the budget, which buys rounds, not digests
+    entry[side_key(side, kind, "digest_ms")] = (time.monotonic() - settled_at) * 1e3
+    spent["digest_s"] += time.monotonic() - settled_at
     if timed is not None and checking is not None:
         # every output of the batch is copied and its digest sent by now: the calls to check are chosen only now
         revealing = time.monotonic()

@@ -97,6 +97,12 @@ def _batch(side, name: str, kind: str, device, flush, reassert, cover, lead_call
         distributions = go.get("distributions") or ["x1"] * len(seeds)
         staged = [side.inputs_for(int(seed), str(d)) for seed, d in zip(seeds, distributions)]
         times = _calls(side, staged, device, flush, reassert if name == "ref" else None, cover, kind)
+        # the digests are made on the parent's clock, between `settled` and `timed`: the parent keeps that phase
+        # out of the timing budget (it buys no precision), and inside the batch's wall
+        worker.send({"kind": "reply", "op": "settled"})
+        for index in range(len(side.calls) - len(times), len(side.calls)):
+            call = side.calls[index]
+            call["digest"] = digest(call.pop("copies", []))  # both sides: the same harness work on the clock
         # the candidate's digests leave with the times, on the parent's clock, before it chooses
         digests = {str(i): side.calls[i]["digest"] for i in range(len(side.calls) - len(times), len(side.calls))
                    } if name == "cand" else {}
@@ -231,7 +237,7 @@ def _settle(pending: list, side: Side, device) -> None:
         call["signature"] = signature = output_signature(flat)
         if changed_since(early, flat):
             call["unsettled"] = True
-        call["digest"] = digest(early)  # both sides: the same harness work on the clock
+        call["copies"] = early  # digested by the batch once it has said it settled
         if side.name == "cand":
             side.keep(call_index, early, signature)
     pending.clear()
