@@ -212,7 +212,8 @@ def _run_as_user(payload: dict, namespace: dict, sets: list[dict], device, train
             publish_nothing(payload["outdir"], set_id)
             continue
         record["sets"][set_id] = as_user.run_set(payload["submission_source"], payload["task_source"], inputs,
-                                                 weights.state_dict(), input_set, device, train, payload["outdir"])
+                                                 weights.state_dict(), input_set, device, train, payload["outdir"],
+                                                 task_module=namespace["__name__"])
     return [s for s in sets if not s.get("as_user")]
 
 
