@@ -99,6 +99,7 @@ try:
     seen = {"gc_enabled": gc.isenabled(), "grad_enabled": torch.is_grad_enabled(),
             "python_threads": threading.active_count(), "torch_threads": torch.get_num_threads()}
     torch.manual_seed(CONFIG["call_seed"])
+    open(CONFIG["calling"], "w").close()
     output = model(*inputs)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -116,15 +117,17 @@ _HARNESS_ENV_PREFIX = "KBVERIFY"
 # The harness's own module name for the submission (kbverify.child.evaluate): a type the script names by the
 # submission's or the task's random module is named as the harness's calls name it, so structures compare alike.
 _SUBMISSION_MODULE = "kbverify_submission"
-_FILES = ("main", "task", "submission", "weights", "inputs", "output", "seen", "error", "log")
+_FILES = ("main", "task", "submission", "weights", "inputs", "output", "seen", "error", "log", "calling")
 _MAX_NODES = 100_000  # an output read back with more parts than this is not an answer
 
 
 def run_set(submission_source: str, task_source: str, inputs: list, weights: dict, input_set: dict, device,
-            train: bool, outdir: str, task_module: str | None = None) -> dict:
+            train: bool, outdir: str, task_module: str | None = None, calling=None) -> dict:
     """The set's record, its output handed over (or the judge told there is none). `inputs`: the set's draw;
     `weights`: Model's state under the set's weight seed, which the script loads as a user loads a checkpoint;
-    `task_module`: the task's module name in the harness's processes, for the output's structure."""
+    `task_module`: the task's module name in the harness's processes, for the output's structure; `calling`:
+    called once the script is about to call forward (its imports and builds done), to announce a forward phase,
+    so a forward that hangs there is held to the hang budget as in any other set (tests/test_hang.py)."""
     names = fresh_names()
     folder = tempfile.mkdtemp(prefix=names.pop("folder"))
     try:
@@ -132,7 +135,7 @@ def run_set(submission_source: str, task_source: str, inputs: list, weights: dic
                    os.path.join(folder, names["inputs"]))
         torch.save(weights, os.path.join(folder, names["weights"]))
         _write_script(folder, names, submission_source, task_source, input_set, device, train)
-        entry = _run_script(folder, names)
+        entry = _run_script(folder, names, calling)
         if "error" not in entry:
             modules = {names["submission"]: _SUBMISSION_MODULE, names["task"]: task_module or names["task"]}
             entry = _take_output(os.path.join(folder, names["output"]), modules, inputs, entry)
@@ -164,20 +167,31 @@ def _write_script(folder: str, names: dict, submission_source: str, task_source:
                   train: bool):
     config = {"device": str(device), "weight_seed": input_set["weight_seed"], "train": train,
               "call_seed": derive_seed(str(input_set["seed"]), "call"),
-              **{key: names[key] for key in ("task", "submission", "weights", "inputs", "output", "seen", "error")}}
+              **{key: names[key] for key in ("task", "submission", "weights", "inputs", "output", "seen", "error",
+                                             "calling")}}
     for name, text in ((names["main"], DRIVER.replace("@CONFIG@", repr(config))),
                        (names["task"] + ".py", task_source), (names["submission"] + ".py", submission_source)):
         with open(os.path.join(folder, name), "w") as file:
             file.write(text)
 
 
-def _run_script(folder: str, names: dict) -> dict:
-    """`python <main>` in `folder`, its output to a file (no pipe: no reader thread in this process)."""
+def _run_script(folder: str, names: dict, calling=None) -> dict:
+    """`python <main>` in `folder`, its output to a file (no pipe: no reader thread in this process). `calling`
+    runs once the script has made its `calling` file (see run_set)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(_HARNESS_ENV_PREFIX)}
     started = time.monotonic()
+    marker = os.path.join(folder, names["calling"])
     with open(os.path.join(folder, names["log"]), "wb") as output:
-        code = subprocess.call([sys.executable, names["main"]], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                               stdout=output, stderr=subprocess.STDOUT, restore_signals=True, close_fds=True)
+        process = subprocess.Popen([sys.executable, names["main"]], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=subprocess.STDOUT, restore_signals=True, close_fds=True)
+        while True:
+            try:
+                code = process.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                if calling is not None and os.path.exists(marker):
+                    calling()
+                    calling = None
     evidence = {"exit_code": code, "wall_s": round(time.monotonic() - started, 3)}
     log.debug("the set as a user calls it: exit %s after %.2f s", code, evidence["wall_s"])
     try:

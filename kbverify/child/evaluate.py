@@ -203,7 +203,8 @@ def _run_as_user(payload: dict, namespace: dict, sets: list[dict], device, train
     these last (a verdict is named by the harness's sets first) and the judge, like this process, takes them first."""
     for input_set in [s for s in sets if s.get("as_user")]:
         set_id = input_set["set_id"]
-        announce(f"candidate:as-user:{set_id}")
+        # its imports and builds are a build phase (their own bound); its forward a run phase (the hang budget)
+        announce(f"candidate:build:as-user:{set_id}")
         try:
             inputs = set_inputs(namespace, input_set, device)
             weights = build_reference(namespace, input_set["weight_seed"], "default", torch.device("cpu"), train)[0]
@@ -213,7 +214,8 @@ def _run_as_user(payload: dict, namespace: dict, sets: list[dict], device, train
             continue
         record["sets"][set_id] = as_user.run_set(payload["submission_source"], payload["task_source"], inputs,
                                                  weights.state_dict(), input_set, device, train, payload["outdir"],
-                                                 task_module=namespace["__name__"])
+                                                 task_module=namespace["__name__"],
+                                                 calling=lambda: announce(f"candidate:run:as-user:{set_id}"))
     return [s for s in sets if not s.get("as_user")]
 
 
