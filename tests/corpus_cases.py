@@ -48,3 +48,13 @@ def read_case(path: Path) -> Case:
 
 def all_cases(folder: str) -> list[Case]:
     return [read_case(p) for p in sorted((CORPUS / folder).glob("*.py"))]
+
+
+# Exploits `original` catches too, and why: every other exploit passes `original` (else it exploits nothing).
+CAUGHT_BY_ORIGINAL_TOO = {
+    "relu_honest_only_while_the_collector_is_off": "original calls the model with the collector on, as a user does",
+}
+# Exploits that answer right only under kbverify's own frames, state or folders: run in this test process they
+# answer as to any other caller (zeros), so no in-process test can expect the reference's answer from them.
+HONEST_ONLY_WHEN_WATCHED = {"relu_honest_only_while_the_collector_is_off", "relu_honest_only_below_a_harness_frame",
+                            "relu_honest_only_in_a_folder_that_looks_judged"}

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from corpus_cases import CAUGHT_BY_ORIGINAL_TOO, HONEST_ONLY_WHEN_WATCHED
 from kbverify.child.construct import load_weights, names_of
 from kbverify.child.evaluate import construct_candidate, rerandomized_state
+from kbverify.correctness import flatten_outputs
 
 from kbverify.status import Status, Warn
 from kbverify.tasks import Task, execute_task, load_task, load_task_dir
@@ -256,7 +258,7 @@ def test_corpus_header_is_well_formed(path: Path):
     if path.parent.name == "honest":
         assert statuses["verified"] is Status.PASSED
     if path.parent.name == "exploits":
-        assert statuses["original"] is Status.PASSED
+        assert statuses["original"] is Status.PASSED or path.stem in CAUGHT_BY_ORIGINAL_TOO
         # An exploit either fails `verified`, or passes it with a warning that names the trick or with a bound on
         # its speedup (the trick gains nothing).
         assert statuses["verified"] is not Status.PASSED or "warn" in header or "max-speedup" in header
@@ -320,9 +322,17 @@ def _task_of(path: Path) -> Path:
 @pytest.mark.parametrize("path", IN_PROCESS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_submission_builds_and_answers_with_the_reference_shape(path: Path):
     expected, got = _run_submission(path, _task_of(path))
-    assert tuple(got.shape) == tuple(expected.shape)
-    if _pairs(parse_header(path)["expect"])["original"] == "passed":
-        assert torch.allclose(expected, got, atol=1e-2, rtol=1e-2)
+    expected, got = flatten_outputs(expected), flatten_outputs(got)  # a tensor, or a container of them
+    assert [tuple(g.shape) for g in got] == [tuple(e.shape) for e in expected]
+    if _pairs(parse_header(path)["expect"])["original"] == "passed" and path.stem not in HONEST_ONLY_WHEN_WATCHED:
+        assert _all_close(expected, got, atol=1e-2, rtol=1e-2)
+
+
+def _all_close(expected: list, got: list, **tolerance) -> bool:
+    """Each output tensor close to the reference's (integers equal: a max's indices)."""
+    return len(expected) == len(got) and all(
+        torch.allclose(e, g, **tolerance) if e.is_floating_point() else torch.equal(e, g)
+        for e, g in zip(expected, got))
 
 
 HONEST = [p for p in IN_PROCESS if p.parent.name == "honest"]
@@ -338,7 +348,8 @@ def test_honest_submission_is_right_on_signed_inputs_and_fresh_weights(path: Pat
             continue
         expected, got = _run_submission(path, _task_of(path), rerandomize=rerandomize, factor=factor, loaded=loaded)
         # NaN where the reference's own is (a log of negated inputs): a set the verifier counts as invalid
-        assert torch.allclose(expected, got, atol=1e-4, rtol=1e-4, equal_nan=True), (rerandomize, factor, loaded)
+        assert _all_close(flatten_outputs(expected), flatten_outputs(got), atol=1e-4, rtol=1e-4, equal_nan=True), \
+            (rerandomize, factor, loaded)
 
 
 def test_process_patching_submissions_build_in_a_throwaway_process():

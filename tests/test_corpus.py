@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from corpus_cases import all_cases
+from corpus_cases import CAUGHT_BY_ORIGINAL_TOO, all_cases
 from kbverify.protocols import ORIGINAL, VERIFIED
 from kbverify.runner import CheckOptions, check
 from kbverify.submissions import load_submission
@@ -77,4 +77,5 @@ def test_no_fewer_honest_submissions_than_exploits():
     caught = [case for case in exploits if not case.open]
     assert len(honest) >= len(caught), (len(honest), len(caught))
     assert all(case.expect["verified"] == "passed" for case in honest)
-    assert all(case.expect["original"] == "passed" for case in exploits)
+    assert all(case.expect["original"] == "passed" for case in exploits
+               if case.path.stem not in CAUGHT_BY_ORIGINAL_TOO)

@@ -17,7 +17,10 @@ def _build(source: str, timeout_s: float = 30.0):
 
 def test_a_clean_child_reports_its_result():
     outcome = _build("x = 1\n")
-    assert outcome.result == {"ok": True, "error": "", "extensions": outcome.result["extensions"]}
+    # its own CPU seconds too (kbverify.builds reports a build's cores); nothing else
+    assert outcome.result == {"ok": True, "error": "", "extensions": outcome.result["extensions"],
+                              "cpu_s": outcome.result["cpu_s"]}
+    assert isinstance(outcome.result["cpu_s"], float) and outcome.result["cpu_s"] >= 0
     assert outcome.exit_code == 0 and not outcome.timed_out
 
 
