@@ -357,7 +357,7 @@ def test_process_patching_submissions_build_in_a_throwaway_process():
     script = textwrap.dedent(
         """
         import json, sys
-        sys.path.insert(0, sys.argv[1])
+        sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]  # the repository, and the tests' own helpers
         from tests.test_bundled_tasks import _run_submission
         from pathlib import Path
         results = {}
