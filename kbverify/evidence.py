@@ -79,14 +79,6 @@ class Evidence:
         """A plain deep copy of the facts, for code that reads dicts and lists: the record itself stays as made."""
         return thawed(self.facts)
 
-    @property
-    def from_submission(self) -> bool:
-        return self.origin is Origin.CLAIMED
-
-    def to_json(self) -> dict:
-        return {"version": self.version, "origin": self.origin.value, "source": self.source,
-                "malformed": self.malformed, "facts": thawed(self.facts)}
-
 
 def observed(source: str, facts: Mapping) -> Evidence:
     return Evidence(Origin.OBSERVED, source, facts)

@@ -14,9 +14,11 @@ from statistics import NormalDist
 
 import numpy as np
 
+from kbverify.rules import DEFAULT_RULES
+
 Round = tuple[Sequence[float], Sequence[float]]  # (reference times, candidate times) of one interleaved round
 
-DEFAULT_NOISE_MARGIN = 0.01
+DEFAULT_NOISE_MARGIN = DEFAULT_RULES.default_noise_margin  # one number: the protocols' rules (kbverify.rules)
 
 
 @dataclass(frozen=True)
