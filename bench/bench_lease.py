@@ -1,7 +1,8 @@
 """How much of a device's time the lease policy wastes: a store's real phase times replayed through the real
 `kbverify.device_share.DeviceLease`, with every phase a sleep, scaled.
 
-    python3 bench/bench_lease.py results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz [--scale 0.01]
+    tar -xJf tests/data/gpu_stores.tar.xz -C /tmp h200-2026-12-03/call3/anchor_store_f_share4.sqlite
+    python3 bench/bench_lease.py /tmp/h200-2026-12-03/call3/anchor_store_f_share4.sqlite [--scale 0.01]
 
 Each verified verdict in the store gives a correctness phase (the longer of its candidate and judge workers) and,
 where it was timed, an exclusive timing phase (timing worker, clean reference) and the check of the timed outputs

@@ -13,7 +13,7 @@ the device moves the numbers. So each device has a `DeviceLease` over the thread
   at most one turn of the other. Each drain leaves slots idle while the longest correctness phase still running
   ends (tens of seconds for a large task), which is why timing is gathered: on the H200, 40 anchor kernels took
   330 s at four slots draining for every timing phase against 341 s at one.
-Measured by `python3 bench/bench_lease.py results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz` (that
+Measured by `bench/bench_lease.py` on the H200 store of 2026-12-03, call 3 (`tests/data/gpu_stores.tar.xz`; that
 run's phase times replayed as sleeps, 40 verified + 40 original units, four slots; lower bound 0.48 of one at a
 time): draining at once 0.85, 16 threads with batches of 12 (the default) 0.64, 32 threads 0.53. What is left is
 the drains that wait for a long correctness phase: the same units sorted longest correctness first read 0.50, but

@@ -120,16 +120,14 @@ def test_the_estimate_counts_the_parallelism_the_run_really_had():
 def _replayed(store: str, workers: int) -> list[tuple[int, float | None, float]]:
     """(units finished, the estimate then, the seconds that were really left) at each unit of a recorded GPU run,
     from its store: each verdict's elapsed_s and the time it was written."""
-    import gzip
     import json
-    import shutil
     import sqlite3
     import tempfile
 
+    import gpu_stores
+
     with tempfile.TemporaryDirectory() as folder:
-        database = Path(folder) / "store.sqlite"
-        with gzip.open(REPO / store) as source, open(database, "wb") as target:
-            shutil.copyfileobj(source, target)
+        database = gpu_stores.copy_store(store, Path(folder) / "store.sqlite")
         with contextlib.closing(sqlite3.connect(database)) as db:
             rows = [(written, json.loads(record)["elapsed_s"])
                     for written, record in db.execute("SELECT written, record FROM verdicts ORDER BY written")]
@@ -146,8 +144,8 @@ def _replayed(store: str, workers: int) -> list[tuple[int, float | None, float]]
 def test_the_estimate_on_recorded_runs_is_never_a_tenth_of_the_time_left():
     """Two H200 rescores of 40 anchor units. With the median over the workers, the shared one (4 slots, 16 threads)
     said 9 s left where 269 s were (16 of 40 done), and its first estimate was 27 s of 309 s."""
-    shared = _replayed("results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz", workers=16)
-    alone = _replayed("results/h200-2026-12-02/call4_anchor_store_e.sqlite.gz", workers=1)
+    shared = _replayed("h200-2026-12-03/call3/anchor_store_f_share4.sqlite", workers=16)
+    alone = _replayed("h200-2026-12-02/call4_anchor_store_e.sqlite", workers=1)
     for replay in (shared, alone):
         assert all(estimate is None for done, estimate, _ in replay if done < MIN_FINISHED)
         said = [(estimate, left) for _, estimate, left in replay if estimate is not None and left > 10]

@@ -337,7 +337,7 @@ def test_the_net_wall_never_credits_a_candidate_below_its_own_claim():
 
 # ---- a candidate that blocks, against a reference that does not: the harness's exposure after its calls -------
 
-# The H100's, per call (bench/host_kind_in_worker.py, results/h100-2026-12-06 call 5): what honest blocked kernels
+# The H100's, per call (bench/host_kind_in_worker.py, h100-2026-12-06 call 5 in results/archive): what honest blocked kernels
 # left unexplained beyond the reference, by kind, before the host kind waited for each call's work ahead of the
 # harness's own; and what is left in the host kind once it does (both sides' post-call work then runs on an idle
 # device). The device kind's is the blocked forward's own: it waits out the hold inside its call.

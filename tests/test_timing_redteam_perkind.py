@@ -27,7 +27,7 @@ Findings (xfail strict: an open hole, with its numbers; plain tests: a rule that
    is what fast_p counts). Closed: a reference faster beside the candidate than alone beyond the tolerance voids
    both sides' times (kbverify.judge.timing._hastened_kinds); the clocks read the parent's walls.
 
-What would close (1)-(3), tried on the H200 stores e, f (share 4) and the share-1 three (results/), not
+What would close (1)-(3), tried on the H200 stores e, f (share 4) and the share-1 three (tests/data/gpu_stores.tar.xz), not
 committed: (a) flooring each round's claim at that round's net wall less the threshold closes all three (their
 cases pass, and every other test of the timing files does) but moves honest microsecond kernels, whose per-round
 harness jitter (about +-0.1 ms a call on the H200) exceeds the 5 us threshold: 8 verdicts moved 2-12% down

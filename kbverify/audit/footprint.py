@@ -20,12 +20,12 @@ log = logging.getLogger(__name__)
 # The audit worker holds at once: the x1 draw and the distribution's copy of the inputs (2x), the reference's
 # output, its family's anchor and the previous seed's output (3x outputs), a null kernel's output, the bf16/fp16
 # reference's, the "wide" distribution's mask and float64 comparison chunks, plus the CUDA caching allocator's
-# slack. On the H200 (results/h200-2026-11-29f), against inputs + outputs: 39_L2Norm_ (16 GiB) held 30.7 GiB when it asked for
+# slack. On the H200 (h200-2026-11-29f in results/archive), against inputs + outputs: 39_L2Norm_ (16 GiB) held 30.7 GiB when it asked for
 # 8 GiB more (>= 2.4x), 45_Average_Pooling_2D (16.1 GiB) held 42.7 GiB when it asked for 16 GiB more (>= 3.6x).
 # 4 covers both while letting two 12-14 GiB tasks (the element-wise and norm tasks of level 1, 23 of them) share
 # the GPU; at 5 none of those could, and their audits, one at a time, were a ~500 s chain on their own. Each audit
 # records its peak (`peak_memory_bytes`), so the factor is checked on every GPU run; an underestimate costs an
-# out-of-memory error and a place in the retry pass, not a wrong verdict. The H200 peaks of results/h200-2026-11-29g were 2.8-5x the
+# out-of-memory error and a place in the retry pass, not a wrong verdict. The H200 peaks of h200-2026-11-29g (results/archive) were 2.8-5x the
 # tensors on the large tasks (cumprod 9x), most of them in the dead check's backward; that backward now holds
 # less (counted on a CPU in input-sized tensors: Softsign 10 -> 7, L2Norm and FrobeniusNorm 9 -> 6, ReLU's peak
 # of 5 elsewhere), which leaves room to lower the factor once a GPU run has shown the new peaks.
@@ -72,7 +72,7 @@ class Footprints:
 
 # A recorded peak is the allocator's reserve in an earlier audit of the same task source on the same kind of GPU.
 # The reserve is already above what the task needs: 1.0-1.33x its allocated peak (median 1.17 over the 250
-# tasks of results/h200-2026-11-30), and the allocator frees its cached blocks and retries before it runs out. Two audits (11-29g, 11-30) differed by up
+# tasks of h200-2026-11-30 in results/archive), and the allocator frees its cached blocks and retries before it runs out. Two audits (11-29g, 11-30) differed by up
 # to 17%, on AlexNet (11 GiB); the big element-wise tasks, which decide how many run at once, were not above their
 # earlier reserve. A margin costs the same fraction of every big task's memory-seconds, the audit's bound: replayed
 # with the 11-30 audit's walls, 1.2 took 954 s against 796 s at 1.05. What it leaves uncovered, the budget's unreserved

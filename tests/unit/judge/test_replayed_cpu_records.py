@@ -4,7 +4,7 @@
   small cases (scripts/capture_replay_records.py, which says how it was taken), each with the status and warnings
   they decided then. Each record is decided again here by the function that decided it then.
 - Three warnings only a GPU run emits have no CPU record, and no stored GPU verdict earned them: one stored GPU
-  verdict's raw timing record (results/), with the one field that earns each changed, is decided again by
+  verdict's raw timing record (tests/data/gpu_stores.tar.xz), with the one field that earns each changed, is decided again by
   `decide_timing`, and must come out as the stored record does plus that warning.
 - Coverage: these replays and those of the stored GPU stores (test_replayed_gpu_stores.py) together reach every
   status and every warning the judge emits; the few warnings that other code emits are listed, with where.
@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import gzip
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -38,6 +37,8 @@ from kbverify.sandbox import ChildOutcome
 from kbverify.static import StaticScan
 from kbverify.status import Status, Warn
 from kbverify.store import Store
+
+import gpu_stores
 
 REPO = Path(__file__).resolve().parents[3]
 CAPTURED = json.loads(gzip.decompress((Path(__file__).parent / "data" / "cpu_replay_records.json.gz").read_bytes()))
@@ -113,7 +114,7 @@ def test_a_rejudged_record_is_decided_from_its_evidence_not_echoed():
 
 # ---- GPU-only warnings: a stored GPU verdict's timing record, one field changed --------------------------------
 
-GPU_STORE = "results/h200-2026-12-02/call4_anchor_store_e.sqlite.gz"
+GPU_STORE = "h200-2026-12-02/call4_anchor_store_e.sqlite"
 GPU_VERDICT = "9dfc8ffb859cf166f7a4c873efed2a5a43f5845c4703f54c17678edd822a641d"  # 39_level1, passed, hold mode
 
 
@@ -140,9 +141,7 @@ GPU_CHANGES = {Warn.THROTTLED: _slow_sm_clock, Warn.HOST_OVERHEAD: _slow_candida
 
 def _stored_verdicts(store: str) -> tuple:
     with tempfile.TemporaryDirectory() as folder:
-        database = Path(folder) / "store.sqlite"
-        with gzip.open(REPO / store) as source, open(database, "wb") as target:
-            shutil.copyfileobj(source, target)
+        database = gpu_stores.copy_store(store, Path(folder) / "store.sqlite")
         return tuple(Store(database, existing=True).verdicts())
 
 

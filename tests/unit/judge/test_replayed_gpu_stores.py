@@ -1,13 +1,11 @@
-"""The judge on records captured once from real GPU runs: every verdict of the stores kept under results/ (H200
-and H100 sessions, 714 verdicts), decided again by `rejudge`, gives the status recorded in
+"""The judge on records captured once from real GPU runs: every verdict of the stores kept in
+tests/data/gpu_stores.tar.xz (H200 sessions, 714 verdicts), decided again by `rejudge`, gives the status recorded in
 replayed_gpu_verdicts.json (None: a verdict rejudge leaves as it was stored). A change to a rule that moves any of
 them shows here, in seconds, with the unit named; regenerate the file only for a change the closing note lists."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,15 +14,14 @@ from kbverify.protocols import parse_protocols
 from kbverify.judge.rejudge import rejudge_verdict
 from kbverify.store import Store
 
-REPO = Path(__file__).resolve().parents[3]
+import gpu_stores
+
 EXPECTED = json.loads((Path(__file__).with_name("replayed_gpu_verdicts.json")).read_text())
 
 
-@pytest.mark.parametrize("store", sorted(EXPECTED), ids=lambda s: s.split("results/", 1)[-1])
+@pytest.mark.parametrize("store", sorted(EXPECTED))
 def test_a_stored_gpu_run_is_judged_again_as_recorded(store: str, tmp_path):
-    database = tmp_path / "store.sqlite"
-    with gzip.open(REPO / store) as source, open(database, "wb") as target:
-        shutil.copyfileobj(source, target)
+    database = gpu_stores.copy_store(store, tmp_path / "store.sqlite")
     got = {}
     for key, verdict in Store(database, existing=True).verdicts():
         try:

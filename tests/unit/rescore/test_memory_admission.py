@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gzip
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +19,8 @@ from kbverify.rescore_memory import (FOOTPRINT_FACTOR, PAIR_FACTOR, Admission, r
 from kbverify.status import Status
 from kbverify.store import Store
 
-REPO = Path(__file__).resolve().parents[3]
+import gpu_stores
+
 GIB = 2**30
 
 
@@ -50,11 +48,8 @@ def _verdict(task: str, timing: dict, gpu: str | None = "NVIDIA H100 80GB HBM3")
 
 
 def test_the_reference_peaks_recorded_on_a_gpu_are_read_from_a_real_store(tmp_path):
-    """results/h200-2026-12-03/call3: 40 verdicts, 16 timed with the reference's peak in the timing record."""
-    database = tmp_path / "store.sqlite"
-    with gzip.open(REPO / "results/h200-2026-12-03/call3/anchor_store_f_share4.sqlite.gz") as source, \
-            open(database, "wb") as target:
-        shutil.copyfileobj(source, target)
+    """The H200 store of 2026-12-03 call 3: 40 verdicts, 16 timed with the reference's peak in the timing record."""
+    database = gpu_stores.copy_store("h200-2026-12-03/call3/anchor_store_f_share4.sqlite", tmp_path / "store.sqlite")
     verdicts = [verdict for _, verdict in Store(database, existing=True).verdicts()]
     peaks = recorded_reference_peaks(verdicts, "NVIDIA H200")
     assert len(verdicts) == 40 and len(peaks) == 16
