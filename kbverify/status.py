@@ -100,3 +100,11 @@ class Warn(str, enum.Enum):
     FOREIGN_GPU_PROCESS = "foreign_gpu_process"
     GPU_PROCESSES_UNCHECKED = "gpu_processes_unchecked"  # no reading of which processes held the GPU (no nvidia-smi)
     HOST_TIME_TIMED = "host_time_timed"  # host work outlasted the device-side hold on many calls: launches were timed
+
+
+# The warnings read from measured time: as run-dependent as the speedup they come with (one run of a kernel may
+# carry them and the next not). NO_DEVICE_HOLD is here too: the timing worker adds it on the torch it runs.
+TIMING_WARNINGS: frozenset[str] = frozenset(w.value for w in (
+    Warn.EXCESSIVE_SPEEDUP, Warn.THROTTLED, Warn.REFERENCE_SLOWED, Warn.REFERENCE_HASTENED, Warn.HOST_OVERHEAD,
+    Warn.NO_DEVICE_HOLD, Warn.DEVICE_TIME_UNCONFIRMED, Warn.FOREIGN_GPU_PROCESS, Warn.GPU_PROCESSES_UNCHECKED,
+    Warn.HOST_TIME_TIMED))

@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("KBVERIFY_CACHE", str(REPO / ".kbverify-test-cache"))
+# Every process the tests start inherits this mark unless its environment is built afresh; a daemon that left the
+# process tree (double fork, setsid) still carries it.
+_MARK = f"KBVERIFY_TEST_SESSION={os.getpid()}"
+os.environ["KBVERIFY_TEST_SESSION"] = str(os.getpid())
 
 
 def _cuda_available() -> bool:
@@ -37,3 +42,50 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# multiprocessing's worker server and resource tracker serve this process until it exits (kbverify.sandbox), then
+# read end of file and exit too: not left behind. What the server started is.
+_OWN_HELPERS = (b"from multiprocessing.forkserver import main", b"from multiprocessing.resource_tracker import main")
+
+
+def _leftovers() -> list[str]:
+    """The live processes this session started: descendants of this process, and any carrying its mark."""
+    parents, marked, names, helpers = {}, set(), {}, set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        pid = int(entry.name)
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] == "Z":
+            continue
+        parents[pid], names[pid] = int(fields[1]), stat[stat.find("(") + 1:stat.rfind(")")]
+        if _MARK.encode() in environ.split(b"\0"):
+            marked.add(pid)
+        if parents[pid] == os.getpid() and any(helper in command for helper in _OWN_HELPERS):
+            helpers.add(pid)
+    me, found = os.getpid(), set()
+    for pid in parents:
+        ancestor, steps = parents[pid], 0
+        while ancestor > 1 and ancestor != me and steps < 256:  # a bound: pids are reused while this reads
+            ancestor, steps = parents.get(ancestor, 0), steps + 1
+        if ancestor == me or pid in marked:
+            found.add(pid)
+    return [f"{pid} {names[pid]}" for pid in sorted(found - {me} - helpers)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """A test's processes end with it: one left running (a worker, a cluster's daemon) would take CPU from the
+    serial part, whose verdicts rest on measured time (.ci/run). Checked once per session (per xdist worker)."""
+    yield
+    deadline = time.monotonic() + 10
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes left running after the tests: {left}"
