@@ -9,13 +9,13 @@ field is in the group `NO_VALUE`, so every verdict is counted once.
 
 from __future__ import annotations
 
-import html
 from collections import Counter
 from typing import Sequence
 
 from kbverify.counting import samples_rule, score_rows_from_verdicts, status_changes
 from kbverify.labels import require_field
 from kbverify.records import Verdict
+from kbverify.templates import render
 
 NO_VALUE = "(none)"
 
@@ -122,14 +122,9 @@ def render_markdown(board: dict) -> str:
 
 
 def render_html(board: dict) -> str:
-    parts = [f"<h2>Leaderboard by {html.escape(board['field'])}</h2>"]
-    for title, (header, rows) in _sections(board):
-        head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-        body = "".join("<tr>" + "".join(f'<td{"" if index == 0 else " class=num"}>{html.escape(cell)}</td>'
-                                        for index, cell in enumerate(row)) + "</tr>" for row in rows)
-        parts.append(f"<h3>{html.escape(title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-                     f"</table>")
-    return "\n".join(parts)
+    """The board as HTML (`templates/leaderboard.html.j2`, autoescaped: the grouping field's values are the run's)."""
+    sections = [(title, header, rows) for title, (header, rows) in _sections(board)]
+    return render("leaderboard.html.j2", field=board["field"], sections=sections)
 
 
 def _pct(share: float) -> str:

@@ -184,6 +184,20 @@ def test_html_is_self_contained(tmp_path):
     assert page.count("<svg") == 2
 
 
+def test_a_submission_named_like_markup_is_shown_as_text(tmp_path):
+    """The page renders through jinja2 with autoescape: names and messages come from the published run."""
+    name = "<script>alert(1)</script>.py"
+    run = [dataclasses.replace(v, submission=name) for v in small_run()]
+    run.append(dataclasses.replace(verdict("9_I", "verified", Status.UNVERIFIABLE, claimed=2.0,
+                                           message='<img src=x onerror="alert(2)">'), submission=name))
+    page = write_reports(run, tmp_path)["html"].read_text()
+    parser = _Collector()
+    parser.feed(page)
+    assert "script" not in parser.tags and "img" not in parser.tags
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;.py" in page
+    assert "&lt;img src=x onerror=" in page
+
+
 def test_markdown_summary_is_short():
     summary = render_markdown_summary(realistic_run())
     assert summary.count("\n") < 12 and "fast_1" in summary and "| claimed |" in summary
