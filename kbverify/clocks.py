@@ -17,10 +17,10 @@ Verdicts recorded before the host clock was kept, or under a protocol that times
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 from kbverify.records import Verdict
+from kbverify.stats import positive
 
 CLOCKS = ("device", "host")
 DEFAULT_CLOCK = "device"
@@ -71,4 +71,5 @@ def missing_note(clock: str, missing: int) -> str:
 
 
 def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """`stats.positive`, and never a bool: a clock entry is JSON the timing worker wrote, where `true` is not 1."""
+    return not isinstance(value, bool) and positive(value)

@@ -14,6 +14,7 @@ from typing import Sequence
 
 from kbverify.counting import samples_rule, score_rows_from_verdicts, status_changes
 from kbverify.labels import require_field
+from kbverify.present import pct
 from kbverify.records import Verdict
 from kbverify.templates import render
 
@@ -73,7 +74,7 @@ def score_grid(board: dict, protocol: str) -> tuple[list[str], list[list[str]]]:
             rows.append([group["group"], "0", "0"] + ["–"] * len(board["p_values"]) + ["–"])
             continue
         by_p = {row["p"]: row for row in table["rows"]}
-        cells = [_pct(by_p[p]["fast_p"]) if p in by_p else "–" for p in board["p_values"]]
+        cells = [pct(by_p[p]["fast_p"]) if p in by_p else "–" for p in board["p_values"]]
         geomean = table["geomean_speedup"]
         rows.append([group["group"], str(table["n_tasks"]), str(table["n_correct"]), *cells,
                      "–" if geomean is None else f"{geomean:.3f}x"])
@@ -125,7 +126,3 @@ def render_html(board: dict) -> str:
     """The board as HTML (`templates/leaderboard.html.j2`, autoescaped: the grouping field's values are the run's)."""
     sections = [(title, header, rows) for title, (header, rows) in _sections(board)]
     return render("leaderboard.html.j2", field=board["field"], sections=sections)
-
-
-def _pct(share: float) -> str:
-    return f"{100 * share:.1f}%"

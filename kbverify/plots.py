@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 import math
 
+from kbverify.stats import positive
+
 CLAIMED = "claimed"
 PASSED = "passed"
 _PALETTE = ("#1b6ca8", "#c0392b", "#2e8b57", "#8e44ad", "#d68910", "#17a2b8")
@@ -24,10 +26,6 @@ def protocol_colours(protocols) -> dict[str, str]:
 
 def _h(text) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def _times(value: float | None) -> str:
@@ -167,9 +165,9 @@ def _claim_points(summary: dict) -> list[tuple]:
     points = []
     for record in summary["verdicts"]:
         claimed = record.get("claimed_speedup")
-        if not _positive(claimed):
+        if not positive(claimed):
             continue
-        measured = record.get("speedup") if _positive(record.get("speedup")) else None
+        measured = record.get("speedup") if positive(record.get("speedup")) else None
         label = (f"{record['task_name']} · {record['protocol']}: claimed {_times(claimed)}, "
                  f"measured {_times(measured)}, {record['status']}")
         points.append((claimed, measured, record["status"] == PASSED, record["protocol"], label))

@@ -51,6 +51,11 @@ def _clocks_line(verdict: Verdict) -> str:
     return f"clocks: {', '.join(parts)}; mode {timing['mode']}: {timing.get('mode_reason', '')}"
 
 
+def pct(share: float | None) -> str:
+    """A share as a percentage with one decimal; – where there is none."""
+    return "–" if share is None else f"{100 * share:.1f}%"
+
+
 def shorten(text: str, limit: int) -> str:
     """`text` on one line, cut at a word boundary to at most `limit` characters ("…" marks the cut)."""
     text = " ".join(str(text).split())

@@ -8,12 +8,8 @@ import statistics
 from collections import Counter
 
 from kbverify.plots import CLAIMED
-from kbverify.present import shorten
+from kbverify.present import pct, shorten
 from kbverify.summary import level_name
-
-
-def pct(share: float | None) -> str:
-    return "–" if share is None else f"{100 * share:.1f}%"
 
 
 def _ci(interval) -> str:

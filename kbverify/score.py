@@ -18,6 +18,7 @@ from pathlib import Path
 from kbverify import stats
 from kbverify.errors import InputError
 from kbverify.labels import from_row as labels_from_row
+from kbverify.present import pct
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +208,9 @@ def format_table_markdown(table: ScoreTable) -> str:
         "|---|---|---|---|---|",
     ]
     for entry in table.fast:
-        confident = "n/a" if entry.confident_fast_p is None else _pct(entry.confident_fast_p)
+        confident = "n/a" if entry.confident_fast_p is None else pct(entry.confident_fast_p)
         lines.append(
-            f"| {entry.p:g} | {_pct(entry.fast_p)} | {_pct(entry.ci_low)} to {_pct(entry.ci_high)} "
+            f"| {entry.p:g} | {pct(entry.fast_p)} | {pct(entry.ci_low)} to {pct(entry.ci_high)} "
             f"| {confident} | {entry.n_fast}/{table.n_tasks} |"
         )
     lines += ["", _geomean_line(table.geomean, percent)]
@@ -409,10 +410,6 @@ def _level_from_path(task: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def _pct(value: float) -> str:
-    return f"{100.0 * value:.1f}%"
-
-
 def _geomean_line(geo: GeomeanSpeedup | None, percent: str) -> str:
     if geo is None:
         return "Geometric-mean speedup of correct kernels: n/a (no correct kernel was timed)"
@@ -428,6 +425,6 @@ def _level_lines(table: ScoreTable) -> list[str]:
     lines = [header, "|" + "---|" * (len(ps) + 4)]
     for sub in table.by_level:
         geo = "n/a" if sub.geomean is None else f"{sub.geomean.speedup:.3g}x"
-        cells = " | ".join(_pct(entry.fast_p) for entry in sub.fast)
+        cells = " | ".join(pct(entry.fast_p) for entry in sub.fast)
         lines.append(f"| {sub.level} | {sub.n_tasks} | {sub.n_correct} | {cells} | {geo} |")
     return lines

@@ -33,6 +33,22 @@ class SpeedupEstimate:
     confidence: float = 0.95
 
 
+def positive(value) -> bool:
+    """A finite number above zero, as a speedup or a time must be to count: None, NaN, inf, 0 and text are not."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def median(values) -> float:
+    """The median of the finite numbers among `values` (a bool is not one); NaN where there are none: a side with
+    no usable time is missing evidence, not an error."""
+    ordered = sorted(float(v) for v in values
+                     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+    if not ordered:
+        return math.nan
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def median_ms(samples: Sequence[float]) -> float:
     return float(np.median(_positive_times(samples)))
 

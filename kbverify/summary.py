@@ -18,6 +18,7 @@ from kbverify.counting import (failing_evidence, foreign_gpu_line, identity, sam
                                status_changes)
 from kbverify.leaderboard import board_from_verdicts
 from kbverify.records import Verdict
+from kbverify.stats import positive
 from kbverify.status import Status, Warn
 
 P_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0)
@@ -143,7 +144,7 @@ def _protocol_summary(verdicts: list[Verdict], samples: str) -> dict:
     verdict_of = {id(row): verdict for row, verdict in zip(rows, verdicts)}
     chosen = [verdict_of[id(row)] for row in select_samples(rows, samples)]
     table = score_rows(rows, P_VALUES, samples=samples)
-    passed_speedups = [v.speedup for v in chosen if v.correct and _positive(v.speedup)]
+    passed_speedups = [v.speedup for v in chosen if v.correct and positive(v.speedup)]
     levels = sorted({v.level for v in chosen}, key=lambda level: (level is None, level or 0))
     return {
         "samples": samples,
@@ -159,7 +160,7 @@ def _protocol_summary(verdicts: list[Verdict], samples: str) -> dict:
         "mean_speedup_passed": statistics.fmean(passed_speedups) if passed_speedups else None,
         # What a user who falls back to PyTorch on every failure gets: CUDA-L1 reports its mean this way.
         "mean_speedup_failures_as_1": (
-            statistics.fmean([v.speedup if v.correct and _positive(v.speedup) else 1.0 for v in chosen])
+            statistics.fmean([v.speedup if v.correct and positive(v.speedup) else 1.0 for v in chosen])
             if chosen else None),
         "mean_claimed": _mean([v.claimed_speedup for v in chosen]),
         "n_claimed": sum(v.claimed_speedup is not None for v in chosen),
@@ -215,8 +216,8 @@ def _fast_p_rows(table, chosen: Sequence[Verdict]) -> list[dict]:
 
 def _curve(verdicts: list[Verdict]) -> dict:
     """fast_p at every p where it changes: the exact step function, for the plot."""
-    measured = sorted(v.speedup for v in verdicts if v.correct and _positive(v.speedup))
-    claimed = sorted(v.claimed_speedup for v in verdicts if _positive(v.claimed_speedup))
+    measured = sorted(v.speedup for v in verdicts if v.correct and positive(v.speedup))
+    claimed = sorted(v.claimed_speedup for v in verdicts if positive(v.claimed_speedup))
     return {"n": len(verdicts), "measured": measured, "claimed": claimed}
 
 
@@ -286,12 +287,8 @@ def _provenance(verdicts: Sequence[Verdict], given: dict | None) -> dict:
     return {"run": dict(given or {}), "verdicts": {k: v for k, v in sorted(seen.items())}}
 
 
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
 def _mean(values) -> float | None:
-    values = [v for v in values if _positive(v)]
+    values = [v for v in values if positive(v)]
     return statistics.fmean(values) if values else None
 
 

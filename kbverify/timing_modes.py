@@ -77,15 +77,15 @@ def probe_blocked(pairs) -> bool | None:
     if len(holds) < 2 or holds[-1] <= holds[0]:
         return None
     short, long = holds[0], holds[-1]
-    at_short = _median([t for h, t in usable if h == short])
-    at_long = _median([t for h, t in usable if h == long])
+    at_short = stats.median([t for h, t in usable if h == short])
+    at_long = stats.median([t for h, t in usable if h == long])
     return at_short >= PROBE_OUTLASTS * short and at_long - at_short >= PROBE_TRACKING * (long - short)
 
 
 def clock_blocked(rounds: list, side: str) -> bool | None:
     """Whether one side's device-kind time is above its own host-kind time; None without both kinds."""
-    device = _median([t for r in rounds for t in r.get(timing_control.side_key(side, "device")) or ()])
-    host = _median([t for r in rounds for t in r.get(timing_control.side_key(side, "host")) or ()])
+    device = stats.median([t for r in rounds for t in r.get(timing_control.side_key(side, "device")) or ()])
+    host = stats.median([t for r in rounds for t in r.get(timing_control.side_key(side, "host")) or ()])
     if math.isnan(device) or math.isnan(host):
         return None
     return device > host * (1 + OVER_HOST_FRACTION) + OVER_HOST_MS
@@ -179,7 +179,7 @@ def _pairs(rounds: list, kind: str, confirmed: bool) -> tuple[list, str]:
 
 def side_medians(pairs: list) -> dict:
     """Each side's median over every sample of paired rounds ((ref times, cand times) per round)."""
-    return {side: _median([t for pair in pairs for t in pair[index]]) for index, side in enumerate(("ref", "cand"))}
+    return {side: stats.median([t for pair in pairs for t in pair[index]]) for index, side in enumerate(("ref", "cand"))}
 
 
 def _capped(pairs: list, host_pairs: list, *, source: str = "worker") -> Clock:
@@ -190,16 +190,8 @@ def _capped(pairs: list, host_pairs: list, *, source: str = "worker") -> Clock:
 
 
 def _clock(pairs: list, kind: str, *, capped: dict | None = None, source: str = "worker") -> Clock:
-    return Clock(stats.paired_speedup(pairs), _median([t for pair in pairs for t in pair[0]]),
-                 _median([t for pair in pairs for t in pair[1]]), kind, capped or {}, source)
-
-
-def _median(values) -> float:
-    ordered = sorted(float(v) for v in values if _number(v))
-    if not ordered:
-        return math.nan
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return Clock(stats.paired_speedup(pairs), stats.median([t for pair in pairs for t in pair[0]]),
+                 stats.median([t for pair in pairs for t in pair[1]]), kind, capped or {}, source)
 
 
 def _number(value) -> bool:
