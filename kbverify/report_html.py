@@ -18,6 +18,11 @@ from kbverify.status import Status
 from kbverify.templates import render, safe
 
 
+def _status(value: str) -> dict:
+    """A status cell, shown as passing or failing."""
+    return {"kind": "status", "value": value, "passed": value == Status.PASSED.value}
+
+
 def _table(header: list[str], rows: list[list], *, numeric=frozenset(), nowrap=frozenset(),
            table_id: str | None = None) -> dict:
     return {"header": header, "rows": rows, "numeric": set(numeric), "nowrap": set(nowrap), "id": table_id}
@@ -48,7 +53,7 @@ def render_html(summary: dict, *, memory_limit: int = 100) -> str:
     return render(
         "report.html.j2", title=summary["title"], n_verdicts=len(summary["verdicts"]),
         protocols=", ".join(summary["protocols"]) or "none", version=summary["kbverify_version"], alerts=alerts,
-        cards=_cards(summary), figures=figures, passed=Status.PASSED.value,
+        cards=_cards(summary), figures=figures,
         fast_p=_table(*fast_p, numeric=range(1, len(fast_p[0]))),
         overview=_table(*overview, numeric=range(2, len(overview[0]))),
         levels=_table(*levels, numeric=range(2, len(levels[0]))),
@@ -65,7 +70,8 @@ def _changes(summary: dict) -> dict | None:
     header, rows = change_rows(summary)
     change_column, evidence_column = header.index("change"), header.index("evidence")
     for row, change in zip(rows, summary["status_changes"]):
-        row[change_column] = {"kind": "change", "before": change["from_status"], "after": change["to_status"]}
+        row[change_column] = {"kind": "change", "before": _status(change["from_status"]),
+                              "after": _status(change["to_status"])}
         evidence = change["evidence"]
         where = f"{evidence['protocol']} · set {evidence['set_id']}: " if evidence["set_id"] else \
             f"{evidence['protocol']}: "
@@ -78,7 +84,7 @@ def _verdicts(summary: dict) -> dict:
     status_column = header.index("status")
     speed_column = header.index("speedup [95% CI]")
     for row, whole, data in zip(rows, evidence, summary["verdict_table"]):
-        row[status_column] = {"kind": "status", "value": row[status_column]}
+        row[status_column] = _status(row[status_column])
         row[speed_column] = _speed(data)
         row[1] = {"kind": "breakable", "text": row[1]}  # long task names break after an underscore, not mid-word
         row[-1] = _details(whole)
