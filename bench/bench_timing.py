@@ -132,19 +132,22 @@ def _timing_payload(task: Task, source: str, args, jitter_bytes: int = 0) -> dic
 
 
 def _kinds(device: str) -> tuple:
-    """The kinds of batch the pipeline runs (kbverify.runner._kinds): both on a GPU, the device kind alone on a
-    CPU, where the two are one measurement; running both there halved the rounds a budget buys."""
-    return timing_control.KINDS if device.startswith("cuda") else ("device",)
+    """The kinds of batch the pipeline runs (timing_control.kinds_for)."""
+    return timing_control.kinds_for(device, "auto")
 
 
 def _interleaved(job: str, task: Task, source: str, args, jitter_bytes: int = 0) -> dict:
-    """One measurement in a fresh worker; the estimate is recomputed here from the raw rounds."""
+    """One measurement, each side in a fresh worker of its own as the pipeline times it (the reference's in a
+    `reference_timing` worker); the estimate is recomputed here from the raw rounds."""
     started = time.monotonic()
-    outcome, driven = timing_control.run(job, _timing_payload(task, source, args, jitter_bytes),
+    payload = _timing_payload(task, source, args, jitter_bytes)
+    workers = {"ref": ("reference_timing", payload), "cand": (job, payload)}
+    outcomes, driven = timing_control.run(workers,
                                          timeout_s=args.timeout_s, device=args.device, budget_s=args.budget_s,
                                          target_half_width=args.ci_half_width, check=False,
                                          kinds=_kinds(args.device))
     wall_s = time.monotonic() - started
+    outcome = outcomes["cand"]
     record = outcome.result or {}
     rounds = [(r["ref_ms"], r["cand_ms"]) for r in driven.rounds]
     if not rounds:

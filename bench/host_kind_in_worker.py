@@ -43,9 +43,10 @@ def measure(task_path: str, submission_path: str, budget_s: float, device: str, 
                "secret": new_run_secret(), "budget_s": budget_s, "ci_half_width": 0.005, "train_mode": True,
                "baseline_matmul_tf32": True, "baseline_cudnn_tf32": True, "candidate_grad_enabled": False,
                "host_lead_call": lead_call}
-    outcome, driven = timing_control.run("timing", payload, timeout_s=300.0, device=device, budget_s=budget_s,
-                                         target_half_width=0.005, check=False)
-    record = outcome.result or {}
+    workers = {"ref": ("reference_timing", {**payload, "submission_source": ""}), "cand": ("timing", payload)}
+    outcomes, driven = timing_control.run(workers, timeout_s=300.0, device=device, budget_s=budget_s,
+                                          target_half_width=0.005, check=False)
+    record = outcomes["cand"].result or {}
     out: dict = {"rounds": len(driven.rounds), "phase_ms_per_call": record.get("phase_ms_per_call"),
                  "cover_ms": record.get("cover_ms"), "error": record.get("error")}
     for kind in timing_control.KINDS:

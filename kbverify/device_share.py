@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -311,3 +312,17 @@ def phase(sharing: Sharing | None, kind: str, holder: str = ""):
             return sharing.admission.shared(sharing.lease, holder)
         return sharing.lease.shared(holder)
     return sharing.lease.exclusive(holder)
+
+
+def visible_devices(device: str) -> str | None:
+    """What a child's CUDA_VISIBLE_DEVICES is: exactly one GPU (its cuda:0), named through the parent's own visible
+    list; "cuda:all" leaves the list as it is (for probing how many there are); a CPU child sees none."""
+    if not device.startswith("cuda"):
+        return ""
+    _, _, index = device.partition(":")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if index == "all":
+        return visible
+    physical = visible.split(",") if visible else None
+    position = int(index or 0)
+    return physical[position] if physical and position < len(physical) else str(position)

@@ -117,5 +117,6 @@ TIMING_SCHEMA = {"refused": list, "tampered": list, "error": str, "load_error": 
 
 # Where each part of a verified timing record comes from; the rounds hold the worker's times as the parent
 # received them and the parent's own clock around each batch.
-TIMING_ORIGINS = {"interleaved": "claimed", "rounds": "observed", "timed_outputs": "computed",
+TIMING_ORIGINS = {"interleaved": "claimed", "reference_worker": "computed", "rounds": "observed",
+                  "timed_outputs": "computed",
                   "clean_reference": "computed", "noise_margin": "computed", "gpu_processes": "observed"}

@@ -387,8 +387,9 @@ class _Measured:
     """What the exclusive part of a verified timing measured, for the parts that follow it."""
 
     payload: dict
-    record: dict  # the interleaved timing worker's record (claimed); its rounds are the parent's, in `driven`
-    driven: object  # timing_control.Driven of the candidate's worker
+    record: dict  # the candidate's timing worker's record (claimed); the rounds are the parent's, in `driven`
+    reference: dict  # the reference's timing worker's record (computed: it never ran submission code)
+    driven: object  # timing_control.Driven of both workers' rounds
     clean: dict | None  # the clean reference's record and rounds (None: not measured, or its worker died)
 
 
@@ -406,62 +407,69 @@ def _time_isolated(context: _Context, verdict: Verdict, secret: str, outdir: str
                        baseline_tf32=protocol.rule == "verified", fp64_reference=protocol.rule == "verified",
                        outdir=outdir)
     _look_at_gpu(context, "before")
-    timed, driven = _driven(context, "timing", payload, budget_s=protocol.timing_budget_s,
-                            target=protocol.ci_half_width, outdir=outdir)
+    outcomes, driven = _driven(context, {"ref": ("reference_timing", {**payload, "submission_source": ""}),
+                                         "cand": ("timing", payload)},
+                               budget_s=protocol.timing_budget_s, target=protocol.ci_half_width, outdir=outdir)
+    timed = outcomes["cand"]
     if timed.died:
         status, detail = _died(timed, "candidate", context.options.device)
         return dataclasses.replace(verdict, status=status, message="while timed: " + detail)
     claimed = evidence.from_child({key: value for key, value in timed.result.items() if key not in ("rounds", "stale")},
                                   ran_submission=timed.ran_submission, source="the candidate's timing worker",
                                   schema=evidence.TIMING_SCHEMA)
-    failure = judge.timed_failure(claimed, protocol, forged=driven.forged, stopped=driven.stopped,
-                                  exit_code=timed.exit_code,
-                                  reference_fails_alone=lambda: _reference_fails_alone(context, payload))
+    reference = evidence.from_child(outcomes["ref"].result, ran_submission=outcomes["ref"].ran_submission,
+                                    source="the reference's timing worker", schema=evidence.TIMING_SCHEMA)
+    failed_side, stopped = driven.failed_side, driven.stopped
+    if outcomes["ref"].died and failed_side != "cand":
+        failed_side, stopped = "ref", stopped or "its worker died (" + outcomes["ref"].timeline() + ")"
+    failure = judge.timed_failure(claimed, protocol, forged=driven.forged, stopped=stopped, failed_side=failed_side,
+                                  exit_code=timed.exit_code, reference=reference)
     if failure is not None:
         return dataclasses.replace(verdict, status=failure[0], message=failure[1])
-    clean = None
-    if protocol.guards:
-        clean_outcome, clean_driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
-                                              budget_s=max(0.5, protocol.timing_budget_s / 2),
-                                              target=protocol.ci_half_width, check=False)
-        clean = None if clean_outcome.died else {**clean_outcome.result, "rounds": clean_driven.rounds}
+    clean = _clean_reference(context, payload) if protocol.guards else None
     _look_at_gpu(context, "after")
-    return _Measured(payload, claimed.plain(), driven, clean)
+    return _Measured(payload, claimed.plain(), reference.plain(), driven, clean)
+
+
+def _clean_reference(context: _Context, payload: dict) -> dict | None:
+    """Two copies of the reference, each in a worker without submission code, timed against each other as the
+    candidate is: the noise margin, and the reference's time where it ran slower beside the candidate."""
+    clean = {**payload, "submission_source": ""}
+    outcomes, driven = _driven(context, {"ref": ("reference_timing", clean), "cand": ("reference_timing", clean)},
+                               budget_s=max(0.5, context.protocol.timing_budget_s / 2),
+                               target=context.protocol.ci_half_width, check=False)
+    died = any(outcome.died for outcome in outcomes.values()) or driven.failed_side
+    return None if died else {**judge.sides_view(outcomes["ref"].result, outcomes["cand"].result),
+                              "rounds": driven.rounds}
 
 
 def _timing_verdict(context: _Context, verdict: Verdict, measured: _Measured, margin_cache,
                     timed_outputs: dict) -> Verdict:
-    """The timing record keeps each origin apart (`evidence.TIMING_ORIGINS`): the candidate's timing worker's
-    record, the rounds this process drove, the clean check's record, the clean reference's."""
+    """The timing record keeps each origin apart (`evidence.TIMING_ORIGINS`)."""
     margin = _noise_margin(context, measured.clean, margin_cache)
     timing = {"origins": dict(evidence.TIMING_ORIGINS), "interleaved": measured.record,
-              "rounds": measured.driven.rounds, "timed_outputs": timed_outputs,
+              "reference_worker": measured.reference, "rounds": measured.driven.rounds, "timed_outputs": timed_outputs,
               "clean_reference": measured.clean, "noise_margin": margin,
               "device": context.options.device, "mode_requested": context.options.timing_mode}
     return decide_timing(dataclasses.replace(verdict, timing=timing), context.protocol)
 
 
-def _driven(context: _Context, job: str, payload: dict, *, budget_s: float, target: float, check: bool = True,
+def _driven(context: _Context, workers: dict, *, budget_s: float, target: float, check: bool = True,
             outdir: str | None = None):
-    """A timing worker whose rounds this process commands (kbverify.timing_control)."""
-    outcome, driven = timing_control.run(job, payload, timeout_s=context.options.timeout_s,
-                                         device=context.options.device, env=context.env,
-                                         keep_dir=context.options.keep_workdirs, budget_s=budget_s,
-                                         target_half_width=target, check=check,
-                                         distributions=payload.get("timed_distributions") or ("x1",),
-                                         hang=context.hang(),
-                                         kinds=_kinds(context), outdir=outdir if check else None,
-                                         rules=context.protocol.rules)
-    _note_child(context, job, outcome)
-    return _unclaimed(outcome), driven
-
-
-def _kinds(context: _Context) -> tuple:
-    """Both kinds of batch on a GPU. A CPU has no hold, so there the two kinds are one measurement: only the device
-    kind runs (the rounds a budget buys stay as many), unless a mode is asked for, which runs both (tests)."""
-    if context.options.device.startswith("cuda") or context.options.timing_mode != "auto":
-        return timing_control.KINDS
-    return ("device",)
+    """Timing workers, one per side (side → (job, payload)), driven in the same rounds (kbverify.timing_control):
+    the reference's batches go to a worker that never runs submission code. ({side: outcome}, Driven)."""
+    options = context.options
+    outcomes, driven = timing_control.run(workers, timeout_s=options.timeout_s, device=options.device,
+                                          env=context.env, keep_dir=options.keep_workdirs, budget_s=budget_s,
+                                          target_half_width=target, check=check,
+                                          distributions=workers["cand"][1].get("timed_distributions") or ("x1",),
+                                          hang=context.hang(),
+                                          kinds=timing_control.kinds_for(options.device, options.timing_mode),
+                                          outdir=outdir if check else None,
+                                          rules=context.protocol.rules)
+    for side, outcome in outcomes.items():
+        _note_child(context, workers[side][0], outcome)
+    return {side: _unclaimed(outcome) for side, outcome in outcomes.items()}, driven
 
 
 def _check_timed_outputs(context: _Context, payload: dict, driven, outdir: str) -> dict:
@@ -475,12 +483,6 @@ def _check_timed_outputs(context: _Context, payload: dict, driven, outdir: str) 
         raise InfrastructureError("the timed outputs could not be checked: the checking worker died "
                                   f"({(checked.output_tail or checked.output_head).strip()[-300:]})")
     return checked.result
-
-
-def _reference_fails_alone(context: _Context, payload: dict) -> bool:
-    outcome, driven = _driven(context, "reference_timing", {**payload, "submission_source": ""},
-                              budget_s=0.5, target=1.0, check=False)
-    return outcome.died or bool((outcome.result or {}).get("error")) or not driven.rounds
 
 
 def _noise_margin(context: _Context, clean: dict | None, margin_cache) -> float:

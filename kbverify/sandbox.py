@@ -23,9 +23,9 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbverify import channel, check_progress, confine, disk_bound, supervisor
+from kbverify import channel, check_progress, confine, device_share, disk_bound, supervisor
 from kbverify.errors import InfrastructureError, InputError
-from kbverify.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, bound_log, read_tail  # noqa: F401
+from kbverify.worker_log import bound_log, read_tail
 
 log = logging.getLogger(__name__)
 
@@ -210,16 +210,17 @@ class ChildSpec:
     pace: object = None  # a kbverify.hang pace that this child's trusted phases inform (kbverify.hang)
 
 
-def run_children(specs: list[ChildSpec]) -> list[ChildOutcome]:
-    """Run children side by side (e.g. a candidate and the judge that consumes its outputs) and wait for all."""
-    outcomes = _run_together(specs)
+def run_children(specs: list[ChildSpec], conversation=None) -> list[ChildOutcome]:
+    """Run children side by side (e.g. a candidate and the judge that consumes its outputs) and wait for all.
+    `conversation(children)`: one that commands them all in turn (the timing rounds: kbverify.timing_control)."""
+    outcomes = _run_together(specs, conversation)
     broken = [o for o in outcomes if "forked subprocess" in (o.result or {}).get("infrastructure_error", "")]
     if broken and _context is not None and _context.get_start_method() == "forkserver":
         # Something the server preloaded touched CUDA, so forked children cannot use it: spawn from now on.
         log.warning("CUDA is unusable in forked workers here (%s); falling back to spawned workers",
                     broken[0].result["infrastructure_error"])
         _use_spawn()
-        outcomes = _run_together(specs)
+        outcomes = _run_together(specs, conversation)
     for spec, outcome in zip(specs, outcomes):
         if outcome.sandbox_failed:
             # Ours, never the submission's: no verdict may come from a job whose sandbox was not (fully) built.
@@ -260,7 +261,7 @@ class _Running:
         self.logdir = Path(tempfile.mkdtemp(prefix="kbv-"))
         self.stage = Path(tempfile.mkdtemp(prefix="kbv-"))
         child_env = dict(spec.env or {})
-        visible = _visible_devices(spec.device)
+        visible = device_share.visible_devices(spec.device)
         if visible is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = visible
         self.log_path = self.logdir / "output.log"
@@ -296,8 +297,10 @@ class _Running:
         self.stall_allowance_s: float | None = None
 
     def send(self, command: dict) -> None:
-        """A command to the job (kbverify.child.worker.receive_command reads it)."""
+        """A command to the job (kbverify.child.worker.receive_command reads it). Its silence counts from here too:
+        a worker that waited for the parent (while another timed its batch) had been asked for nothing."""
         self.channel.send_bytes(json.dumps({"kind": channel.COMMAND, **command}).encode())
+        self.last_progress = max(self.last_progress, time.monotonic())
 
     def read(self, timeout_s: float | None) -> bool:
         """Take in whatever the child has sent within timeout_s; False once the channel is closed."""
@@ -448,7 +451,7 @@ class _Messages:
                             sandbox_failed=(self.exit or {}).get("sandbox_failed", ""), **fields)
 
 
-def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
+def _run_together(specs: list[ChildSpec], conversation=None) -> list[ChildOutcome]:
     running = []
     try:
         for spec in specs:
@@ -456,6 +459,8 @@ def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
         for child in running:
             if callable(child.spec.conversation):
                 child.spec.conversation(child)
+        if callable(conversation):
+            conversation(list(running))
         while True:
             ended = [child.poll() for child in running]  # every child, each time: output bounds and timeouts
             if all(ended):
@@ -471,20 +476,6 @@ def _run_together(specs: list[ChildSpec]) -> list[ChildOutcome]:
                 child.timed_out = True
                 child._collect()
     return [child.outcome for child in running]
-
-
-def _visible_devices(device: str) -> str | None:
-    """The child sees exactly one GPU (its cuda:0), named through the parent's own visible list; "cuda:all"
-    leaves the list as it is (for probing how many there are); a CPU child sees none."""
-    if not device.startswith("cuda"):
-        return ""
-    _, _, index = device.partition(":")
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if index == "all":
-        return visible
-    physical = visible.split(",") if visible else None
-    position = int(index or 0)
-    return physical[position] if physical and position < len(physical) else str(position)
 
 
 def _kill_group(pid: int | None) -> None:

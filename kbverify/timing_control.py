@@ -74,10 +74,17 @@ class Driven:
     checks: list = field(default_factory=list)  # chosen candidate calls: call, seed, distribution, file, signature
     forged: str = ""  # why the worker's replies cannot be true ("" if they can)
     stopped: str = ""  # why the rounds ended early ("" when the stopping rule or the budget ended them)
+    failed_side: str = ""  # whose worker forged or stopped: "ref" (a process without submission code) or "cand"
     serve_s: float = 0.0
 
 
 KINDS = ("device", "host")  # behind the device-side hold; without it, each call synchronised (two clocks, SPEC §5)
+
+
+def kinds_for(device: str, mode: str) -> tuple:
+    """Both kinds of batch on a GPU. A CPU has no hold, so there the two kinds are one measurement: only the device
+    kind runs (the rounds a budget buys stay as many), unless a mode is asked for, which runs both (tests)."""
+    return KINDS if device.startswith("cuda") or mode != "auto" else ("device",)
 
 
 def side_key(side: str, kind: str, suffix: str = "ms") -> str:
@@ -86,11 +93,13 @@ def side_key(side: str, kind: str, suffix: str = "ms") -> str:
     return f"{side}_{suffix}" if kind == "device" else f"{side}_host_{suffix}"
 
 
-def drive(child, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
+def drive(workers, *, budget_s: float, target_half_width: float, deadline: float, min_rounds: int = 10,
           max_rounds: int = MAX_ROUNDS, check: bool = True, distributions=("x1",), kinds=KINDS,
           outdir: str | None = None, rules: Rules = DEFAULT_RULES) -> Driven:
-    """Command the rounds of one timing worker (`child` a kbverify.sandbox running child). Stops on the stopping
-    rule, the budget, the deadline, or a worker that stops answering; never raises for the worker's sake.
+    """Command the rounds of the timing workers (`workers`: side → a kbverify.sandbox running child; a side's
+    batches go to its own worker, so the reference's are timed in a process that never ran submission code).
+    Stops on the stopping rule, the budget, the deadline, or a worker that stops answering; never raises for a
+    worker's sake.
 
     Every round has one batch per side and kind, in an order drawn here; every call of a round draws the round's
     distribution (the correctness sets' own, in turn from a random start), so both sides of a round are timed on
@@ -99,9 +108,11 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
     check = check and outdir is not None
     rng = random.Random(int.from_bytes(os.urandom(16), "little"))
     driven = Driven()
-    if _reply(child, "ready", deadline) is None:
-        driven.stopped = _silence(child, "the worker never became ready to time")
-        return driven
+    for side, child in _distinct(workers):
+        if _reply(child, "ready", deadline) is None:
+            driven.stopped, driven.failed_side = _silence(child, "the worker never became ready to time"), side
+            _end(workers)
+            return driven
     reservoir, calls, spent = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}, {"digest_s": 0.0}
     checking = _Checking(reservoir, outdir) if check else None
     distributions = tuple(distributions) or ("x1",)
@@ -112,15 +123,7 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
         distribution = distributions[(first_distribution + len(driven.rounds)) % len(distributions)]
         entry = {"order": [side for kind, side in batches if kind == kinds[0]], "batches": batches,
                  "distribution": distribution}
-        try:
-            for kind, side in batches:
-                _batch(child, side, kind, distribution, rng, entry, calls,
-                       checking if side == "cand" else None, deadline, rules.reply_slack_ms, spent)
-        except TimingForged as error:
-            driven.forged = str(error)
-            break
-        except TimeoutError as error:
-            driven.stopped = str(error)
+        if not _round(workers, batches, distribution, rng, entry, calls, checking, deadline, rules, spent, driven):
             break
         driven.rounds.append(entry)
         deciding = time.monotonic()
@@ -137,13 +140,44 @@ def drive(child, *, budget_s: float, target_half_width: float, deadline: float, 
     last = calls.get("last_cand")
     if check and last is not None and not driven.forged and not driven.stopped:  # a stopped worker hands nothing
         try:  # the last calls are always checked: a kernel cannot turn honest for the end alone
-            _reveal(child, last[0], last[1], checking, deadline, everything=True, distribution=last[2])
+            _reveal(workers["cand"], last[0], last[1], checking, deadline, everything=True, distribution=last[2])
         except (TimingForged, TimeoutError) as error:
-            driven.forged = driven.forged or str(error)
-    _send(child, {"op": "end"})
+            driven.forged, driven.failed_side = driven.forged or str(error), driven.failed_side or "cand"
+    _end(workers)
     driven.serve_s = time.monotonic() - started
     driven.checks = [{"call": index, **entry} for index, entry in sorted(reservoir.kept.items())]
     return driven
+
+
+def _round(workers, batches, distribution, rng, entry, calls, checking, deadline, rules, spent, driven) -> bool:
+    """One round's batches, each to its side's worker; False (and why, on `driven`) when a worker forged or
+    stopped."""
+    for kind, side in batches:
+        try:
+            _batch(workers[side], side, kind, distribution, rng, entry, calls,
+                   checking if side == "cand" else None, deadline, rules.reply_slack_ms, spent)
+        except TimingForged as error:
+            driven.forged, driven.failed_side = str(error), side
+            return False
+        except TimeoutError as error:
+            driven.stopped, driven.failed_side = str(error), side
+            return False
+    return True
+
+
+def _distinct(workers) -> list:
+    """(side, worker) for each distinct worker, in side order: one process may serve both sides."""
+    seen, out = set(), []
+    for side in ("ref", "cand"):
+        if id(workers[side]) not in seen:
+            seen.add(id(workers[side]))
+            out.append((side, workers[side]))
+    return out
+
+
+def _end(workers) -> None:
+    for _, child in _distinct(workers):
+        _send(child, {"op": "end"})
 
 
 def _shuffled(items, rng: random.Random) -> list:
@@ -173,22 +207,27 @@ def no_time_for_another_round(elapsed_s: float, rounds_done: int, budget_s: floa
     return elapsed_s + elapsed_s / max(1, rounds_done) > budget_s
 
 
-def run(job: str, payload: dict, *, timeout_s: float, device: str, env: dict | None = None,
+def run(workers: dict, *, timeout_s: float, device: str, env: dict | None = None,
         keep_dir: bool = False, budget_s: float, target_half_width: float, check: bool = True,
         distributions=("x1",), hang=None, kinds=KINDS, outdir: str | None = None, rules: Rules = DEFAULT_RULES):
-    """A timing worker (`timing` or `reference_timing`) whose rounds this process commands: (outcome, Driven)."""
+    """Timing workers whose rounds this process commands, one per side (`workers`: side → (job, payload)),
+    started together and driven in the same rounds: ({side: outcome}, Driven). Each worker serves its own side
+    only (`payload["sides"]`); only the candidate's may write to `outdir`."""
     from kbverify.sandbox import ChildSpec, run_children
 
     holder: dict = {}
+    sides = ("ref", "cand")
+    specs = [ChildSpec(workers[side][0], {**workers[side][1], "sides": [side]}, timeout_s, device, env, keep_dir,
+                       hang=hang, writable=(outdir,) if outdir and side == "cand" else ()) for side in sides]
 
-    def converse(child) -> None:
-        holder["driven"] = drive(child, budget_s=budget_s, target_half_width=target_half_width,
-                                 deadline=child.started + timeout_s, check=check, distributions=distributions, kinds=kinds,
-                                 outdir=outdir, rules=rules)
+    def converse(children: list) -> None:
+        running = dict(zip(sides, children))
+        holder["driven"] = drive(running, budget_s=budget_s, target_half_width=target_half_width,
+                                 deadline=min(child.started for child in children) + timeout_s, check=check,
+                                 distributions=distributions, kinds=kinds, outdir=outdir, rules=rules)
 
-    outcome = run_children([ChildSpec(job, payload, timeout_s, device, env, keep_dir, conversation=converse,
-                                      hang=hang, writable=(outdir,) if outdir else ())])[0]
-    return outcome, holder.get("driven") or Driven(stopped="never driven")
+    outcomes = run_children(specs, conversation=converse)
+    return dict(zip(sides, outcomes)), holder.get("driven") or Driven(stopped="never driven")
 
 
 @dataclass

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.sandbox import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES, run_child
+from kbverify.sandbox import run_child
+from kbverify.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES
 
 
 def _build(source: str, timeout_s: float = 30.0):

@@ -49,12 +49,16 @@ class BeforeSubmission:
 
 
 def timing_job(payload: dict) -> dict:
+    """The rounds of the sides this worker serves (`payload["sides"]`): the candidate's in its worker, the
+    reference's in a worker that never runs submission code (`reference_timing_job`). The candidate's worker still
+    builds the reference: its weights are the candidate's, its outputs the signature."""
     device = device_from(payload)
     task = task_from(payload)
     secret = payload["secret"]
     train = bool(payload.get("train_mode", True))
     aa = bool(payload.get("aa", False))
-    record: dict = {"warnings": []}
+    serves = tuple(side for side in ("ref", "cand") if side in (payload.get("sides") or ("ref", "cand")))
+    record: dict = {"warnings": [], "sides": list(serves)}
 
     announce("reference:load")
     namespace = shape_namespaces(task, [{"shape": "original", "overrides": {}}])["original"]
@@ -64,10 +68,10 @@ def timing_job(payload: dict) -> dict:
     weight_seed = derive_seed(secret, "timing-weights")
     reference, _ = build_reference(namespace, weight_seed, "default", device, train)
 
-    if aa:
+    candidate, watch = None, None
+    if "cand" in serves and aa:
         candidate = build_reference(namespace, weight_seed, "default", device, train)[0]
-        watch = None
-    else:
+    elif "cand" in serves:
         announce("candidate:load")
         watch = ExtensionWatch().install()
         # A second execution of the task: the submission must not reach the reference's class or globals.
@@ -80,7 +84,7 @@ def timing_job(payload: dict) -> dict:
                                          if before.flags.get(key) != value}
     record["torch_functions_changed"] = guards.torch_namespace_changes(before.torch_functions)
 
-    sides = make_sides(reference, candidate, namespace, device, secret, payload)
+    sides = make_sides(reference if "ref" in serves else None, candidate, namespace, device, secret, payload)
     flush = flush_buffer(device)
     cover = _device_hold(device, record["warnings"])
     reassert, flag_changes = _reasserter(before.flags)
@@ -170,9 +174,7 @@ def _last_phase_is_reference() -> bool:
 
 
 def reference_timing_job(payload: dict) -> dict:
-    """The reference alone in a clean process, same method: the check on an in-process baseline. The parent
-    drives its rounds as it drives the candidate's (kbverify.timing_control) and keeps their times."""
-    payload = {**payload, "aa": True}
-    record = timing_job(payload)
-    kept = ("error", "timing_s", "phase_ms_per_call", "cover_ms", "uncovered_calls", "hold_probe", "host_ms")
-    return {key: record.get(key) for key in kept}
+    """The reference alone, in a process that never runs submission code: the reference's side of a verified
+    timing, or (`aa`) one of two copies of it timed against each other (the noise margin). The parent drives its
+    rounds (kbverify.timing_control) and keeps their times."""
+    return timing_job({**payload, "submission_source": "", "aa": True})  # a candidate side is a reference copy

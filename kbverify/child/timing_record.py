@@ -67,7 +67,8 @@ def _peak_memory(sides, device) -> dict:
         torch.cuda.synchronize(device)
         peaks[name] = torch.cuda.max_memory_allocated(device) - base
         del out
-    return {"peak_memory_bytes": peaks["cand"], "ref_peak_memory_bytes": peaks["ref"]}
+    named = {"cand": "peak_memory_bytes", "ref": "ref_peak_memory_bytes"}
+    return {named[name]: peak for name, peak in peaks.items()}
 
 
 def finish_record(record: dict, sides: dict, cover, before, flag_changes: list, watch, reference, namespace: dict,
@@ -84,9 +85,10 @@ def finish_record(record: dict, sides: dict, cover, before, flag_changes: list, 
                                           for phase, total in side.phase_ns.items()}
                                    for name, side in sides.items()}
     record["cover_cycles_per_ms"] = cover.cycles_per_ms if cover is not None else None
-    record["placement_jitter_bytes"] = sides["ref"].jitter_bytes
-    record["unsettled"] = [c for c in sides["cand"].calls if c.get("unsettled")][:5]
-    record["n_unsettled"] = sum(1 for c in sides["cand"].calls if c.get("unsettled"))
+    record["placement_jitter_bytes"] = next(iter(sides.values())).jitter_bytes
+    calls = sides["cand"].calls if "cand" in sides else []
+    record["unsettled"] = [c for c in calls if c.get("unsettled")][:5]
+    record["n_unsettled"] = sum(1 for c in calls if c.get("unsettled"))
     record["flags_changed"] = flag_changes
     record["baseline_flags"] = before.flags
     modes_left = set(guards.modes_left_active(before.modes)).union(*(side.modes_left for side in sides.values()))

@@ -29,7 +29,7 @@ def _serve_batches(sides, device, flush, reassert, cover, sm_clock, outdir: str 
     from kbverify.child import worker
 
     worker.send({"kind": "reply", "op": "ready"})
-    models = {name: side.model for name, side in sides.items()}
+    models = {name: side.model for name, side in sides.items()}  # the sides it serves, as built
     started = time.monotonic()
     threads = guards.python_thread_count()  # after the warm-up: a compiler's worker threads are there by now
     while True:
@@ -37,9 +37,11 @@ def _serve_batches(sides, device, flush, reassert, cover, sm_clock, outdir: str 
         if command is None or command.get("op") == "end":
             return time.monotonic() - started
         if command.get("op") == "reveal":  # the last batch's calls, at the end of the rounds
-            worker.send({"kind": "reply", "op": "reveal", "calls": _revealed(sides["cand"], command, outdir)})
+            worker.send({"kind": "reply", "op": "reveal", "calls": _revealed(sides.get("cand"), command, outdir)})
         elif command.get("op") == "batch":
             name = "ref" if command.get("side") == "ref" else "cand"
+            if name not in models:  # a side served by another worker: the parent never asks for it
+                raise HarnessChanged(f"asked for the {name} side's batch, which another worker serves")
             sides[name].batch = {}
             _check_sides(sides, models, signals)
             _check_harness(flush)
@@ -61,7 +63,7 @@ def _serve_batches(sides, device, flush, reassert, cover, sm_clock, outdir: str 
 
 def _revealed(side, command: dict, outdir: str | None) -> dict:
     calls = [i for i in command.get("calls", []) if isinstance(i, int) and not isinstance(i, bool)]
-    if outdir is None:
+    if outdir is None or side is None:
         return {str(i): {"infrastructure_error": "the worker was given no hand-over folder"} for i in calls}
     return side.reveal(calls, outdir)
 
@@ -177,7 +179,7 @@ def _check_sides(sides: dict, models: dict, signals=None) -> None:
     which the tamper snapshot of module globals does not see, and a forward that walks its frames can reach
     them: a reference swapped for a slower one, a method shadowed on the instance (a draw that waits), a batch
     store that rewrites what is kept. In-process, so it raises the bar rather than closing the way."""
-    if set(sides) != {"ref", "cand"} or type(sides) is not dict:
+    if set(sides) != set(models) or type(sides) is not dict:
         raise HarnessChanged("the timing sides were replaced")
     for name, side in sides.items():
         if type(side) is not Side or side.model is not models[name] or type(side.batch) is not dict:
@@ -229,7 +231,7 @@ def _warm_up(sides, device, flush, reassert, cover, *, seconds: float) -> None:
 
 def _settle(pending: list, side: Side, device) -> None:
     """After a device-wide synchronise: each output against its copy made at the end event (a difference is work
-    that outlived the call), and the copy kept for the parent's choice of checked calls (the candidate's only)."""
+    that outlived the call), and the copy kept for the parent's choice of checked calls."""
     synchronize(device)
     for call_index, out, early in pending:
         flat = flatten_outputs(out)
@@ -238,8 +240,9 @@ def _settle(pending: list, side: Side, device) -> None:
         if changed_since(early, flat):
             call["unsettled"] = True
         call["copies"] = early  # digested by the batch once it has said it settled
-        if side.name == "cand":
-            side.keep(call_index, early, signature)
+        # both sides keep their copies until the batch ends: the same harness work on the clock in the
+        # reference's worker as in the candidate's, whose copies the parent may choose to check
+        side.keep(call_index, early, signature)
     pending.clear()
 
 

@@ -347,10 +347,14 @@ def output_signature(outputs: list) -> list:
 
 
 def make_sides(reference, candidate, namespace: dict, device, secret: str, payload: dict) -> dict:
-    """The reference's side and the candidate's, on the same task namespace (the inputs both draw from)."""
-    sides = {"ref": Side("ref", reference, namespace, device, secret, grad=False),
-             "cand": Side("cand", candidate, namespace, device, secret,
-                          grad=bool(payload.get("candidate_grad_enabled", False)))}
+    """The sides this worker serves, of the reference's and the candidate's (None: not served here), on the same
+    task namespace (the inputs both draw from)."""
+    sides = {}
+    if reference is not None:
+        sides["ref"] = Side("ref", reference, namespace, device, secret, grad=False)
+    if candidate is not None:
+        sides["cand"] = Side("cand", candidate, namespace, device, secret,
+                             grad=bool(payload.get("candidate_grad_enabled", False)))
     for side in sides.values():
         side.jitter_bytes = int(payload.get("placement_jitter_bytes", 0))
     return sides

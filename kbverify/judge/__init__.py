@@ -12,9 +12,8 @@ on any machine (tests/unit/judge replays every stored GPU store).
 - `rejudge`: stored verdicts under another protocol's rules.
 
 What the runner still finds out itself needs a process: whether a worker starts on this machine at all (a probe,
-before `death` may blame a child that died without a phase), whether a failed build is the machine's
-(`kbverify.toolchain`), and whether a reference that failed beside the candidate fails alone too. The runner
-asks; these rules decide.
+before `death` may blame a child that died without a phase), and whether a failed build is the machine's
+(`kbverify.toolchain`). The runner asks; these rules decide.
 """
 
 from kbverify.judge.build import build_record, code_path_warnings, isolation
@@ -24,9 +23,10 @@ from kbverify.judge.kernelbench import (KernelbenchDecision, decide_kernelbench,
                                         kernelbench_timing_error, speedup_of)
 from kbverify.judge.sets import (SET_WARNINGS, Decision, aggregate_sets, decide_isolated, decide_set, decide_sets,
                                  judge_infrastructure, merge_set_records, reproducer, unrun_set, with_kept_axes)
+from kbverify.judge.timing import sides_view
 
 __all__ = ["SET_WARNINGS", "Decision", "KernelbenchDecision", "aggregate_sets", "build_record", "code_path_warnings",
            "death", "decide_isolated", "decide_kernelbench", "decide_set", "decide_sets", "died_starting_up",
            "isolation", "judge_infrastructure", "kernelbench_status", "kernelbench_timing_error", "merge_set_records",
-           "reference_death", "reproducer", "speedup_of", "timed_failure", "unloadable_entry", "unrun_set",
+           "reference_death", "reproducer", "sides_view", "speedup_of", "timed_failure", "unloadable_entry", "unrun_set",
            "untimed_reference", "with_kept_axes"]

@@ -3,7 +3,9 @@ Pure: the runner runs the probes these rules ask about (a worker that starts her
 
 from __future__ import annotations
 
-from kbverify.evidence import Evidence
+from kbverify.errors import InfrastructureError
+from kbverify.evidence import Evidence, Origin
+from kbverify.judge.sets import expect_origin
 from kbverify.judge.timing import refusal
 from kbverify.protocols import Protocol
 from kbverify.status import Status
@@ -69,14 +71,14 @@ def _candidate_phase(phase: str, party: str) -> bool:
 
 # ---- the timed run's record -------------------------------------------------------------------------------------
 
-def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped: str, exit_code,
-                  reference_fails_alone) -> tuple[Status, str] | None:
+def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped: str, failed_side: str = "",
+                  exit_code, reference: Evidence) -> tuple[Status, str] | None:
     """What ends an isolated protocol's timing before its rounds are judged (`decide_timing`), or None.
-    `claimed`: the timing worker's record; `forged`, `stopped`: what the parent found of its replies
-    (kbverify.timing_control); `reference_fails_alone`: called, only where the worker blames the reference, to run
-    the reference without the candidate (a process: the runner's)."""
+    `claimed`: the candidate's timing worker's record; `forged`, `stopped`: what the parent found of the replies
+    of the worker of `failed_side` (kbverify.timing_control); `reference`: the record of the worker that timed the
+    reference beside it, computed (it never ran submission code)."""
     record = claimed.plain()
-    if forged:
+    if forged and failed_side != "ref":
         return Status.EXPLOIT_TAMPER, "the timing worker's replies are not what it measured: " + forged
     if claimed.malformed:
         return Status.EXPLOIT_TAMPER, "the timing worker's record is not one the harness writes: " + claimed.malformed
@@ -84,11 +86,16 @@ def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped
         return Status.EXPLOIT_TAMPER, refusal(record)
     if protocol.guards and str(record.get("error", "")).startswith("HarnessChanged"):
         return Status.EXPLOIT_TAMPER, "while timed: " + record["error"]
+    expect_origin(reference, Origin.COMPUTED)
+    if reference.malformed:
+        raise InfrastructureError(f"{reference.source}'s record is not one the harness writes: {reference.malformed}")
+    said = reference.plain()
+    if failed_side == "ref" or said.get("error") or said.get("load_error"):
+        # nothing of the candidate's ran there: the reference could not be timed, never the kernel's fault
+        why = (forged or stopped) if failed_side == "ref" else str(said.get("error") or said.get("load_error"))
+        return Status.UNVERIFIABLE, "the reference could not be timed: " + why[:300]
     if record.get("load_error") or record.get("error"):
-        # "the reference failed" is the worker's word, and the worker ran submission code: it counts only if
-        # the reference fails alone too
-        if record.get("error_side") == "reference" and reference_fails_alone():
-            return Status.UNVERIFIABLE, "the reference failed while timed: " + record["error"]
+        # the reference timed alone did not fail (above): whatever failed beside the candidate is the candidate's
         return Status.RUNTIME_ERROR, "while timed: " + (record.get("load_error") or record.get("error"))
     if stopped:
         # The rounds are the parent's to end: a worker that stopped answering and then exited, whatever result it

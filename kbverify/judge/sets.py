@@ -45,7 +45,7 @@ def merge_set_records(plan: list[InputSet], candidate_evidence: Evidence, judge_
                       protocol: Protocol) -> list[SetResult]:
     """Join each set's candidate-side guard evidence (claimed) with the judge's comparison (computed); decide its
     status."""
-    _expect(judge_evidence, Origin.COMPUTED)
+    expect_origin(judge_evidence, Origin.COMPUTED)
     candidate, judge = candidate_evidence.plain(), judge_evidence.plain()
     results = []
     for input_set in plan:
@@ -64,7 +64,7 @@ def merge_set_records(plan: list[InputSet], candidate_evidence: Evidence, judge_
     return results
 
 
-def _expect(evidence: Evidence, origin: Origin) -> None:
+def expect_origin(evidence: Evidence, origin: Origin) -> None:
     """Evidence of another origin than a rule rests on is kbverify's own mistake, never a verdict."""
     if evidence.origin is not origin:
         raise InfrastructureError(f"{evidence.source}'s record is {evidence.origin.value}, where the judge needs "
@@ -75,7 +75,7 @@ def judge_infrastructure(judge_evidence: Evidence) -> str | None:
     """A fault of the machine's in the judge's own process (out of memory comparing an output), in one line; None
     if there is none. Never a set's status: the caller reports it (exit 3) or evaluates the unit again. The judge's
     process runs no submission code, so a record of it that the harness does not write is kbverify's fault too."""
-    _expect(judge_evidence, Origin.COMPUTED)
+    expect_origin(judge_evidence, Origin.COMPUTED)
     if judge_evidence.malformed:
         return f"the judge's record is malformed: {judge_evidence.malformed}"
     for set_id, entry in sorted((judge_evidence.plain().get("sets") or {}).items()):
@@ -261,7 +261,7 @@ def decide_isolated(sets: list[SetResult], candidate_evidence: Evidence, static:
     candidate's load error, which the runner may still find to be the machine's. A claimed record the harness
     does not write is the candidate's doing (only its code could have changed it)."""
     if observed is not None:
-        _expect(observed, Origin.OBSERVED)
+        expect_origin(observed, Origin.OBSERVED)
     candidate = candidate_evidence.plain()
     warnings = code_path_warnings(static, build)
     if candidate_evidence.malformed:

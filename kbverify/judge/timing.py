@@ -20,7 +20,7 @@ _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudn
 
 def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
     """Speedup, CI, speed class, the timing mode, both clocks and the timing guards, from the raw record alone."""
-    record = {**verdict.timing["interleaved"], "rounds": driven_rounds(verdict.timing)}  # a view, for reading
+    record = timing_view(verdict.timing)  # a view, for reading
     clean = verdict.timing.get("clean_reference")
     on_gpu = str(verdict.timing.get("device", "cpu")).startswith("cuda")
     all_rounds = record.get("rounds", [])
@@ -29,7 +29,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         return dataclasses.replace(verdict, status=Status.RUNTIME_ERROR, message="no timing rounds completed")
     choice = timing_modes.decide_mode(record, clean, on_gpu, verdict.timing.get("mode_requested", "auto"))
     by_kind, seen = _confirmation(all_rounds, protocol.rules)
-    hastened = _hastened_kinds(all_rounds, clean, on_gpu, protocol.rules) if protocol.guards else ()
+    hastened = _hastened_kinds(verdict.timing, clean, on_gpu, protocol)
     for kind in hastened:
         by_kind[kind] = False
     confirmed = all(by_kind.values())
@@ -80,6 +80,37 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
+# A side's facts kept per side by a timing worker (kbverify.child.timing_record); each side's are read from the
+# worker that served it, whatever the other wrote under that side's name.
+PER_SIDE = ("settle_gaps_ms", "threads_started", "host_ms", "uncovered_calls", "hold_probe", "phase_ms_per_call")
+# What a call must move, and the device's bandwidth: the floor under the candidate's time (`impossible_speed`),
+# measured where no submission code ran, so a kernel cannot lower it by its word.
+OF_THE_REFERENCE = ("input_bytes", "output_bytes", "peak_bandwidth_gbps", "ref_peak_memory_bytes")
+
+
+def sides_view(reference: dict | None, candidate: dict | None) -> dict:
+    """One record from two workers that each served one side: the candidate worker's facts, each per-side fact
+    from its side's own worker, and the reference's measures of the work (`OF_THE_REFERENCE`)."""
+    reference, candidate = dict(reference or {}), dict(candidate or {})
+    view = {**candidate}
+    for key in PER_SIDE:
+        mine = {side: (record.get(key) or {}).get(side) for side, record in (("ref", reference), ("cand", candidate))
+                if isinstance(record.get(key), dict) and side in record[key]}
+        view[key] = mine if mine or isinstance(candidate.get(key), dict) else candidate.get(key)
+    for key in OF_THE_REFERENCE:
+        view[key] = reference.get(key)
+    return view
+
+
+def timing_view(timing: dict) -> dict:
+    """The timing record as the rules read it, with the parent's rounds: stores made before the reference had a
+    worker of its own (no `reference_worker`) hold both sides in the one worker's record."""
+    worker = timing["interleaved"]
+    if timing.get("reference_worker") is not None:
+        worker = sides_view(timing["reference_worker"], worker)
+    return {**worker, "rounds": driven_rounds(timing)}
+
+
 def driven_rounds(timing: dict) -> list:
     """The rounds the parent drove and recorded (`timing["rounds"]`); stores made before the record was kept
     apart hold them inside the worker's record."""
@@ -112,14 +143,18 @@ def _confirmation(rounds: list, rules) -> tuple[dict, dict]:
     return by_kind, seen
 
 
-def _hastened_kinds(rounds: list, clean: dict | None, on_gpu: bool, rules) -> tuple:
+def _hastened_kinds(timing: dict, clean: dict | None, on_gpu: bool, protocol: Protocol) -> tuple:
     """The kinds of batch whose reference, beside the candidate, read faster than the clean process's beyond the
     tolerance. Both sides' times come from the candidate's process: shrunk alike, they leave the parent's clock
     no more unexplained on one side than on the other, so the confirmation passes them, and the speedup grows
     (tests/test_timing_redteam_perkind.py::test_a_shared_shrink_past_the_tolerance_reads_the_walls). A slowed
     reference is taken against the clean time (`_against_clean_reference`); a hastened one voids both sides'
-    reported times."""
-    tolerance = rules.slowdown_tolerance(on_gpu)
+    reported times. A reference timed in a worker of its own (`reference_worker`) has no times of the candidate's
+    process to be hastened by."""
+    if not protocol.guards or timing.get("reference_worker") is not None:
+        return ()
+    rounds = driven_rounds(timing)
+    tolerance = protocol.rules.slowdown_tolerance(on_gpu)
     out = []
     for kind in timing_control.KINDS:
         cap = on_gpu and kind == "device"

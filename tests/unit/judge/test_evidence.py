@@ -76,8 +76,8 @@ def test_a_malformed_judge_record_is_kbverifys_fault():
 def test_a_malformed_timing_record_is_tamper_and_its_twin_is_not():
     def timed(record):
         made = evidence.from_child(record, ran_submission=True, source="timing", schema=evidence.TIMING_SCHEMA)
-        return judge.timed_failure(made, VERIFIED, forged="", stopped="", exit_code=0,
-                                   reference_fails_alone=lambda: False)
+        reference = evidence.from_child({}, ran_submission=False, source="reference", schema=evidence.TIMING_SCHEMA)
+        return judge.timed_failure(made, VERIFIED, forged="", stopped="", exit_code=0, reference=reference)
 
     status, message = timed({"n_unsettled": "0"})
     assert status is Status.EXPLOIT_TAMPER and "n_unsettled" in message
