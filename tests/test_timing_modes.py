@@ -314,8 +314,9 @@ def test_shrunk_times_read_as_the_calls_real_time_on_the_net_wall():
     assert verdict.timing["clocks"]["host"]["speedup"] == pytest.approx(1.0, abs=0.05)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the reference's harness share beside the candidate is the only "
-                   "bound; the clean process's differs by up to 0.2 ms a call on the H200 (NOTES)")
+@pytest.mark.xfail(strict=True, reason="open for stores whose reference was timed in the candidate's worker: its "
+                   "harness share there is the only bound; records made since time it in a worker of its own "
+                   "(tests/unit/judge/test_split_reference.py)")
 def test_slowing_the_harness_around_the_references_calls_buys_the_candidate_nothing():
     """A submission that burns host time around the reference's calls (outside their events) makes the
     reference's batches show more harness work, which hides its own shrunk times from the confirmation and
