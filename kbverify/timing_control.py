@@ -108,11 +108,9 @@ def drive(workers, *, budget_s: float, target_half_width: float, deadline: float
     check = check and outdir is not None
     rng = random.Random(int.from_bytes(os.urandom(16), "little"))
     driven = Driven()
-    for side, child in _distinct(workers):
-        if _reply(child, "ready", deadline) is None:
-            driven.stopped, driven.failed_side = _silence(child, "the worker never became ready to time"), side
-            _end(workers)
-            return driven
+    if not _warmed_up_in_turn(workers, deadline, driven):
+        _end(workers)
+        return driven
     reservoir, calls, spent = Reservoir(rng), {"ref": 0, "cand": 0, "last_cand": None}, {"digest_s": 0.0}
     checking = _Checking(reservoir, outdir) if check else None
     distributions = tuple(distributions) or ("x1",)
@@ -147,6 +145,21 @@ def drive(workers, *, budget_s: float, target_half_width: float, deadline: float
     driven.serve_s = time.monotonic() - started
     driven.checks = [{"call": index, **entry} for index, entry in sorted(reservoir.kept.items())]
     return driven
+
+
+def _warmed_up_in_turn(workers, deadline: float, driven: Driven) -> bool:
+    """Every worker loaded (the submission built), then each warmed up alone: no load or warm-up runs beside
+    another worker's warm-up, whose hold probe decides the timing mode (kbverify.timing_modes). False (and why,
+    on `driven`) when a worker never got there."""
+    steps = [(side, child, "loaded", None) for side, child in _distinct(workers)]
+    steps += [(side, child, "ready", {"op": "warm"}) for side, child in _distinct(workers)]
+    for side, child, awaited, first in steps:
+        if first is not None:
+            _send(child, first)
+        if _reply(child, awaited, deadline) is None:
+            driven.stopped, driven.failed_side = _silence(child, "the worker never became ready to time"), side
+            return False
+    return True
 
 
 def _round(workers, batches, distribution, rng, entry, calls, checking, deadline, rules, spent, driven) -> bool:

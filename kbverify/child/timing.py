@@ -135,8 +135,9 @@ def _reasserter(flags: dict):
 def _measure(record: dict, payload: dict, sides: dict, device, flush, reassert, cover, reference,
              namespace: dict, timers=None) -> None:
     """The warm-up, then the parent's rounds; a failure is recorded with the side whose phase it happened in."""
-    announce("timing:warmup")
     try:
+        _await_turn()
+        announce("timing:warmup")
         _warm_up(sides, device, flush, reassert, cover, seconds=float(payload.get("warmup_s", 0.2)))
         if cover is not None:
             cover.settle()
@@ -159,6 +160,17 @@ def _measure(record: dict, payload: dict, sides: dict, device, flush, reassert, 
     except BaseException as error:  # noqa: BLE001 - who raised decides whose failure it is
         record["error"] = short_error(error)
         record["error_side"] = "reference" if _last_phase_is_reference() else "candidate"
+
+
+def _await_turn() -> None:
+    """Loaded, wait for the parent's word to warm up: the workers of one timing warm up one after the other, so
+    neither's warm-up (and the hold probe it measures) runs beside the other's (kbverify.timing_control.drive)."""
+    from kbverify.child import worker
+
+    worker.send({"kind": "reply", "op": "loaded"})
+    command = worker.receive_command()
+    if command is None or command.get("op") != "warm":
+        raise HarnessChanged("the parent's word to warm up never came")
 
 
 def _reference_signature(reference, namespace, device) -> list:
