@@ -88,7 +88,7 @@ def _as_user_set(protocol, secret: str) -> list[InputSet]:
     fails it alone, and the verdict names it (corpus: exploits/relu_honest_only_while_the_collector_is_off).
     Last in the plan, so that a kernel wrong everywhere is named by the sets the harness calls; yet both workers
     take it first (kbverify.child.evaluate): the candidate runs it before it loads the submission itself."""
-    if not protocol.guards or not protocol.isolated:
+    if not protocol.guards or not protocol.isolated or not protocol.as_user_set:
         return []
     distribution = next((d for d in ("mixed_sign", "x1") if d in protocol.distributions), protocol.distributions[0])
     seed, weight_seed = derive_seed(secret, "input", 0), derive_seed(secret, "weights", 0)

@@ -60,6 +60,10 @@ class Protocol:
     loaded_distributions: tuple[str, ...] = ()
     # the judge's thresholds beyond the limits above (kbverify.rules): one frozen record per protocol
     rules: Rules = DEFAULT_RULES
+    # a guarded protocol's set run as a user's script calls the model (kbverify.inputs._as_user_set); off, a check
+    # starts one interpreter fewer, and a kernel honest only while the harness watches it may pass (corpus:
+    # exploits/relu_honest_only_while_the_collector_is_off)
+    as_user_set: bool = True
 
     def with_overrides(self, **overrides) -> "Protocol":
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -82,11 +86,13 @@ class Protocol:
 
     @property
     def sha256(self) -> str:
-        """The protocol's identity. Default rules are left out, so a protocol hashes as it did before the rules
-        record existed and stored verdicts keep matching it; changed rules change the hash."""
+        """The protocol's identity. Default rules and the as-a-user set left on are left out, so a protocol hashes
+        as it did before either field existed and stored verdicts keep matching it; changing one changes the hash."""
         data = self.to_dict()
         if self.rules == DEFAULT_RULES:
             del data["rules"]
+        if self.as_user_set:
+            del data["as_user_set"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

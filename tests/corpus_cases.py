@@ -1,5 +1,6 @@
 """Reading the corpus headers: `# kbverify-test: task=...`, `# expect: original=S verified=S`, `# warn: verified=W`,
-and `# open: the missing defence` on an exploit that `verified` does not catch yet."""
+`# open: the missing defence` on an exploit that `verified` does not catch yet, and `# as-user: on` on a case
+about the set run as a user calls the model (the suite leaves that set out elsewhere: tests/test_corpus.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Case:
     # protocol → the run secret (every seed), where the case holds for some draws only and another case holds the
     # others (an open one): the draw it is about, named, instead of a coin toss in CI
     secret: dict = field(default_factory=dict)
+    as_user: bool = False  # `verified` keeps its set run as a user calls the model (kbverify.inputs._as_user_set)
 
     @property
     def id(self) -> str:
@@ -37,13 +39,14 @@ def read_case(path: Path) -> Case:
     header = path.read_text().splitlines()[:8]
     fields: dict[str, str] = {}
     for line in header:
-        match = re.match(r"#\s*(kbverify-test|expect|warn|open|max-speedup|budget|secret):\s*(.*)", line)
+        match = re.match(r"#\s*(kbverify-test|expect|warn|open|max-speedup|budget|secret|as-user):\s*(.*)", line)
         if match:
             fields[match[1]] = match[2]
     task = _pairs(fields.get("kbverify-test", ""))["task"]
     return Case(path, REPO / task, _pairs(fields.get("expect", "")), _pairs(fields.get("warn", "")),
                 fields.get("open", ""), {k: float(v) for k, v in _pairs(fields.get("max-speedup", "")).items()},
-                {k: float(v) for k, v in _pairs(fields.get("budget", "")).items()}, _pairs(fields.get("secret", "")))
+                {k: float(v) for k, v in _pairs(fields.get("budget", "")).items()}, _pairs(fields.get("secret", "")),
+                fields.get("as-user", "").strip() == "on")
 
 
 def all_cases(folder: str) -> list[Case]:

@@ -14,6 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 # The submissions' own torch/extension.h, found before torch's (-I before -isystem): the builds are real C++ builds
 # through load_inline and ninja, without the ~20 s that torch's headers take to parse. Its path is in the source,
 # so both runs ask for the same build (a path that changed would change the command, and ninja would rebuild).
+# It lies in the repository: the build runs sandboxed, where /tmp (and a test's tmp_path in it) is private and
+# empty, and the compiler skips an include folder it cannot see (kbverify.confine).
+STUB_INCLUDE = REPO / "tests" / "build_stub"
 NATIVE = '''import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
@@ -28,9 +31,7 @@ class ModelNew(nn.Module):
 
 
 def write_corpus(root: Path) -> Path:
-    include = root / "include"
-    (include / "torch").mkdir(parents=True)
-    (include / "torch" / "extension.h").write_text("#pragma once\n")
+    include = STUB_INCLUDE
     folder = root / "submissions"
     folder.mkdir()
     (folder / "good.py").write_text(NATIVE.format(name="good", code="int kbverify_answer() { return 42; }",

@@ -36,7 +36,7 @@ PUBLISHED = REPO / "examples" / "published_run"
 ALL_TASKS = load_task_dir(BASIC) + load_task_dir(DEGENERATE)
 CORPUS_FILES = sorted(p for p in CORPUS.glob("*/*.py") if p.parent.name != "tasks")  # tasks/: the cases' own tasks
 RUNNABLE_SUBMISSIONS = [p for p in CORPUS_FILES if p.parent.name in ("honest", "exploits")]
-HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget|secret): (?P<value>.*)$")
+HEADER = re.compile(r"^# (?P<key>kbverify-test|expect|warn|open|why|max-speedup|budget|secret|as-user): (?P<value>.*)$")
 DEFECTS = ("Constant", "NearZero", "MostlyZero", "UniformAxis", "DeadInput", "DeadParameter", "Stochastic",
            "NonFinite", "Identity")
 
@@ -255,6 +255,10 @@ def test_corpus_header_is_well_formed(path: Path):
     assert header["why"]
     for protocol, secret in _pairs(header.get("secret", "")).items():  # a pinned draw: one protocol's run secret
         assert protocol in expect and re.fullmatch(r"[0-9a-f]{16}", secret), (protocol, secret)
+    # the cases that only the set run as a user calls the model catches keep it (tests/test_corpus.py)
+    assert header.get("as-user", "on") == "on", header["as-user"]
+    if path.stem in HONEST_ONLY_WHEN_WATCHED | set(CAUGHT_BY_ORIGINAL_TOO):
+        assert header.get("as-user") == "on", "an exploit honest only when watched keeps the as-a-user set"
     if path.parent.name == "honest":
         assert statuses["verified"] is Status.PASSED
     if path.parent.name == "exploits":

@@ -68,9 +68,10 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.fixture(scope="module")
 def fast_verified(tmp_path_factory) -> Path:
-    """`verified` with a short timing budget, as a protocol file (the CLI's way to derive a protocol)."""
+    """`verified` with a short timing budget, as a protocol file (the CLI's way to derive a protocol), without the
+    set run as a user calls the model (an interpreter a check; tests/test_as_user.py is about it)."""
     return write(tmp_path_factory.mktemp("protocols") / "verified.json",
-                 json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2}))
+                 json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2, "as_user_set": False}))
 
 
 # --- check ------------------------------------------------------------------------------------------------------

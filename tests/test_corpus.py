@@ -46,6 +46,10 @@ def test_corpus_verdicts(case):
             # no speed is judged here: the 0.2 s that brings a GPU's clocks up before the warm-up calls is only
             # cost (twice a check: beside the candidate and in the clean process)
             protocol = protocol.with_overrides(device_warmup_s=0.0)
+        if name == "verified" and not case.as_user:
+            # the set run as a user calls the model costs an interpreter that imports torch (~3.5 s on a CPU);
+            # only the cases about it (`# as-user: on`, tests/corpus_cases.py) run it
+            protocol = protocol.with_overrides(as_user_set=False)
         options = FAULT_OPTIONS if case.path.parent.name == "faults" else OPTIONS
         if name in case.secret:
             options = dataclasses.replace(options, secret=case.secret[name])

@@ -46,7 +46,7 @@ FP32 = FP16.replace("torch.sigmoid(x.half()).float()", "torch.exp(x) / (1 + torc
 @pytest.mark.parametrize("source, flagged", [(FP16, True), (FP32, False)], ids=["fp16", "fp32"])
 def test_fp16_is_flagged_where_the_wide_set_cannot_judge_it(source, flagged):
     task = parse_task(TASK, name="1_NaiveSigmoid", level=1, problem_id=1)
-    protocol = VERIFIED.with_overrides(timing_budget_s=0.2)
+    protocol = VERIFIED.with_overrides(timing_budget_s=0.2, as_user_set=False)
     verdict = check(task, make_submission(source, id="sigmoid.py"), protocol, CheckOptions(device="cpu", timeout_s=60))
     assert verdict.status.value == "passed", verdict.message
     wide = [s for s in verdict.sets if s.distribution == "wide"]

@@ -63,7 +63,7 @@ def test_the_build_plan_runs_a_build_per_free_core():
 
 def test_evaluation_starts_before_the_last_build_ends(tmp_path, monkeypatch):
     entries = load_entries(write_native_run(tmp_path / "run"))
-    protocols = [ORIGINAL, VERIFIED.with_overrides(timing_budget_s=0.2)]
+    protocols = [ORIGINAL, VERIFIED.with_overrides(timing_budget_s=0.2, as_user_set=False)]
     events: list[tuple[str, str]] = []
     record = threading.Lock()
     evaluating = threading.Event()

@@ -222,7 +222,8 @@ def _lines_with_times(command: list[str], env: dict, timeout_s: float) -> tuple[
 @pytest.mark.slow
 def test_a_piped_rescore_of_the_bundled_example_logs_a_line_at_least_every_30_s(tmp_path):
     protocol = tmp_path / "verified.json"  # the demo's short timing budget
-    protocol.write_text(json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.4}))
+    protocol.write_text(json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.4,
+                                    "as_user_set": False}))
     # A fresh build cache, so the native builds really run (a phase that once printed nothing for nine minutes).
     env = {**os.environ, "KBVERIFY_CACHE": str(tmp_path / "cache")}
     command = [sys.executable, "-m", "kbverify", "rescore", "examples/published_run", "--tasks", "tasks/basic",

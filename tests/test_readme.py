@@ -114,7 +114,8 @@ def demo_store(tmp_path_factory) -> Path:
     """What the README's store examples read (`kbverify-demo/store.sqlite`): a small rescore under both protocols."""
     root = tmp_path_factory.mktemp("readme")
     protocol = root / "verified.json"
-    protocol.write_text(json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2}))
+    protocol.write_text(json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2,
+                                    "as_user_set": False}))
     code = "import torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x.clone()\n"
     source = root / "run.jsonl"
     source.write_text(json.dumps({"task": str(REPO / "tasks/basic/level1/1_ReLU.py"), "id": "relu_identity",

@@ -53,9 +53,10 @@ def _verdicts(result: subprocess.CompletedProcess) -> dict:
 
 @pytest.fixture(scope="module")
 def fast_verified(tmp_path_factory) -> Path:
-    """`verified` with a short timing budget (as tests/test_cli.py derives it)."""
+    """`verified` with a short timing budget, without the set run as a user calls it (as tests/test_cli.py)."""
     return _write(tmp_path_factory.mktemp("protocols") / "verified.json",
-                  json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2}))
+                  json.dumps({"base": "verified", "name": "verified", "timing_budget_s": 0.2,
+                              "as_user_set": False}))
 
 
 # --- TMPDIR below /tmp -------------------------------------------------------------------------------------------

@@ -170,5 +170,5 @@ def test_check_names_a_task_that_cannot_run_and_exits_2(tmp_path, where, protoco
 
 def _fast_verified(root: Path) -> Path:
     path = root / "verified.json"
-    path.write_text('{"base": "verified", "name": "verified", "timing_budget_s": 0.2}')
+    path.write_text('{"base": "verified", "name": "verified", "timing_budget_s": 0.2, "as_user_set": false}')
     return path

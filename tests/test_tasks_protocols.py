@@ -110,6 +110,23 @@ def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
     assert [s.seed for s in original] == kernelbench_trial_seeds(5)
 
 
+def test_a_protocol_file_leaves_the_as_user_set_out_and_names_the_change_in_its_hash(tmp_path):
+    """On by default and then out of the hash, so the presets hash as before the field existed (8c0f0f26cb54 for
+    verified, tests/unit/judge/test_rules.py); off, the plan loses that one set and nothing else."""
+    path = tmp_path / "watched.json"
+    path.write_text(json.dumps({"base": "verified", "as_user_set": False}))
+    off = get_protocol(str(path))
+    assert VERIFIED.as_user_set and not off.as_user_set and off.sha256 != VERIFIED.with_overrides(name="watched").sha256
+    assert VERIFIED.with_overrides(as_user_set=True).sha256 == VERIFIED.sha256
+    shapes = [("original", {})]
+    full = plan_input_sets(VERIFIED, shapes, secret="s")
+    assert plan_input_sets(off, shapes, secret="s") == [s for s in full if not s.as_user]
+    assert len(full) - 1 == len(plan_input_sets(off, shapes, secret="s"))
+    path.write_text(json.dumps({"base": "verified", "as_user_set": "no"}))
+    with pytest.raises(InputError, match="as_user_set must be one of true, false"):
+        get_protocol(str(path))
+
+
 @pytest.mark.parametrize("preset", ["original", "kbv", "verified"])
 def test_a_protocol_file_can_set_every_field_to_its_presets_value(tmp_path, preset):
     """The file loader checks each field's type and range; a field it did not know how to check would be
