@@ -20,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from kbverify import stats
+from kbverify import process_tree, stats
 from kbverify.rules import DEFAULT_RULES, Rules
 
 CALLS_PER_SIDE = 3
@@ -166,6 +166,8 @@ def _round(workers, batches, distribution, rng, entry, calls, checking, deadline
     """One round's batches, each to its side's worker; False (and why, on `driven`) when a worker forged or
     stopped."""
     for kind, side in batches:
+        # nothing of the candidate's runs while the reference's batch does (kbverify.process_tree)
+        paused = _stop(workers["cand"]) if side == "ref" and workers["ref"] is not workers["cand"] else []
         try:
             _batch(workers[side], side, kind, distribution, rng, entry, calls,
                    checking if side == "cand" else None, deadline, rules.reply_slack_ms, spent)
@@ -175,7 +177,14 @@ def _round(workers, batches, distribution, rng, entry, calls, checking, deadline
         except TimeoutError as error:
             driven.stopped, driven.failed_side = str(error), side
             return False
+        finally:
+            process_tree.resume(paused)
     return True
+
+
+def _stop(child) -> list[int]:
+    pid = getattr(getattr(child, "process", None), "pid", None)
+    return process_tree.stop(pid) if isinstance(pid, int) else []
 
 
 def _distinct(workers) -> list:
