@@ -28,10 +28,10 @@ DEFAULT_TASKS = ("tasks/basic/level1/1_ReLU.py", "tasks/basic/level1/2_Square_ma
 _ONE = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from kbverify.protocols import VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import load_submission
-from kbverify.tasks import load_task
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.submissions import load_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness.runner import CheckOptions, check
 started = time.monotonic()
 verdict = check(load_task(sys.argv[2]), load_submission(sys.argv[3]),
                 VERIFIED.with_overrides(timing_budget_s=float(sys.argv[4])),

@@ -32,7 +32,7 @@ _CHILD = """
 import json, sys, tempfile
 from pathlib import Path
 from kbverify.audit import AuditSettings, audit_tasks
-from kbverify.tasks import load_task_dir
+from kbverify.core.tasks import load_task_dir
 args = json.loads(sys.argv[1])
 folders = sorted(p for p in Path(args["tasks"]).glob("level*") if p.is_dir()) or [Path(args["tasks"])]
 tasks = [task for folder in folders for task in load_task_dir(folder)]

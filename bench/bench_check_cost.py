@@ -24,12 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kbverify.importers import Entry  # noqa: E402
-from kbverify.protocols import parse_protocols  # noqa: E402
-from kbverify.rescore import prebuild  # noqa: E402
-from kbverify.runner import CheckOptions, check  # noqa: E402
-from kbverify.submissions import Submission, load_submission  # noqa: E402
-from kbverify.tasks import Task, load_task  # noqa: E402
+from kbverify.core.protocols import parse_protocols  # noqa: E402
+from kbverify.core.submissions import Submission, load_submission  # noqa: E402
+from kbverify.core.tasks import Task, load_task  # noqa: E402
+from kbverify.harness.runner import CheckOptions, check  # noqa: E402
+from kbverify.rescore.importers import Entry  # noqa: E402
+from kbverify.rescore.rescore import prebuild  # noqa: E402
 
 DEFAULT_CORPUS = REPO / "tests" / "gpu_corpus" / "honest"
 _HEADER = re.compile(r"#\s*kbverify-test:.*\btask=(\S+)")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     handler = PhaseLog()
-    runner_log = logging.getLogger("kbverify.runner")
+    runner_log = logging.getLogger("kbverify.harness.runner")
     runner_log.addHandler(handler)
     runner_log.setLevel(logging.INFO)
 
@@ -151,7 +151,7 @@ def from_rescore(store_path: Path, logs: list[Path], protocol: str) -> int:
     """The same table from a finished re-score: each verdict's wall time (builds were made before it) and the
     workers its protocol ran, from the runner's log lines. A resumed unit's workers appear in the log of the call
     that evaluated it; `kernelbench_*` workers belong to `original`, the others to the isolated protocols."""
-    from kbverify.store import Store
+    from kbverify.results.store import Store
 
     with Store(store_path) as store:
         verdicts = [v for _, v in store.verdicts() if v.protocol == protocol]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kbverify.child import timing_sides  # noqa: E402
+from kbverify.worker import timing_sides  # noqa: E402
 
 
 def _median_ms(fn, device: str, repeats: int) -> float:

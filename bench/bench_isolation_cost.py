@@ -20,7 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kbverify import importers, jobs, protocols, runner  # noqa: E402
+from kbverify.cli import jobs  # noqa: E402
+from kbverify.core import protocols  # noqa: E402
+from kbverify.harness import runner  # noqa: E402
+from kbverify.rescore import importers  # noqa: E402
 
 
 def _check(entry, protocol, device: str, sandboxed: bool):

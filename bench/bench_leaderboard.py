@@ -85,7 +85,7 @@ class PhaseClock:
 
 def timed_builds(record: dict):
     """Wrap the pipeline's build step so each build's wall seconds are kept (by entry id)."""
-    from kbverify import rescore
+    from kbverify.rescore import rescore
 
     original = rescore.build_submission
 
@@ -101,9 +101,9 @@ def timed_builds(record: dict):
 
 
 def one_run(args, name: str, out: Path) -> dict:
-    from kbverify import jobs
-    from kbverify.rescore import prebuild
-    from kbverify.runner import CheckOptions
+    from kbverify.cli import jobs
+    from kbverify.harness.runner import CheckOptions
+    from kbverify.rescore.rescore import prebuild
 
     store = out / f"{name}.sqlite"
     if not args.resume:
@@ -135,8 +135,8 @@ def one_run(args, name: str, out: Path) -> dict:
 
 
 def _entries(args) -> list:
-    from kbverify.importers import load_entries
-    from kbverify.jobs import select_entries
+    from kbverify.cli.jobs import select_entries
+    from kbverify.rescore.importers import load_entries
 
     entries = load_entries(args.source, fmt=args.format, tasks_dir=args.tasks)
     return (select_entries(entries, args.select) if args.select else entries)[: args.limit]
@@ -144,7 +144,7 @@ def _entries(args) -> list:
 
 def per_kernel(store_path: Path, builds: dict) -> dict:
     """entry id → {build: s, PROTOCOL: {status, total_s, timed_s, rest_s, workers: {kind: s}}}."""
-    from kbverify.store import Store
+    from kbverify.results.store import Store
 
     rows: dict = {}
     with Store(store_path) as store:
@@ -195,7 +195,7 @@ def print_run(run: dict) -> None:
 
 def compare(store_a: Path, store_b: Path) -> int:
     """Every unit (submission, protocol) whose status differs between two stores; exit 1 if any."""
-    from kbverify.store import Store
+    from kbverify.results.store import Store
 
     def statuses(path):
         with Store(path) as store:

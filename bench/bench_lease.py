@@ -1,14 +1,14 @@
 """How much of a device's time the lease policy wastes: a store's real phase times replayed through the real
-`kbverify.device_share.DeviceLease`, with every phase a sleep, scaled.
+`kbverify.harness.device_share.DeviceLease`, with every phase a sleep, scaled.
 
     tar -xJf tests/data/gpu_stores.tar.xz -C /tmp h200-2026-12-03/call3/anchor_store_f_share4.sqlite
     python3 bench/bench_lease.py /tmp/h200-2026-12-03/call3/anchor_store_f_share4.sqlite [--scale 0.01]
 
 Each verified verdict in the store gives a correctness phase (the longer of its candidate and judge workers) and,
 where it was timed, an exclusive timing phase (timing worker, clean reference) and the check of the timed outputs
-(shared, as `kbverify.runner` runs it; `--check-exclusive` puts it back in the timing phase); each unit also gets an
+(shared, as `kbverify.harness.runner` runs it; `--check-exclusive` puts it back in the timing phase); each unit also gets an
 `original` unit of `--original-s` under the exclusive lease (its one job checks and times). The units are shuffled
-once (fixed seed) and evaluated by threads taking them from one queue, as `kbverify.rescore.LocalExecutor` does;
+once (fixed seed) and evaluated by threads taking them from one queue, as `kbverify.rescore.rescore.LocalExecutor` does;
 `--order` also replays them in other orders the executor could choose. Printed for each policy: the replayed wall in
 the store's seconds, its ratio to one unit at a time, the lower bound (all exclusive work plus the correctness work
 spread over every slot), the slot time left idle outside timing (in wall seconds: idle slot-seconds / slots) and
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify.device_share import DEFER_S, DeviceLease, LeaseEvent, batch_for, threads_for  # noqa: E402
+from kbverify.harness.device_share import DEFER_S, DeviceLease, LeaseEvent, batch_for, threads_for  # noqa: E402
 
 # (correctness s, exclusive timing s, shared timing check s) of one unit
 Unit = tuple[float, float, float]

@@ -34,10 +34,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kbverify import stats, timing_control  # noqa: E402
-from kbverify.inputs import new_run_secret  # noqa: E402
-from kbverify.sandbox import run_child  # noqa: E402
-from kbverify.tasks import Task, load_task  # noqa: E402
+from kbverify.core import stats  # noqa: E402
+from kbverify.core.inputs import new_run_secret  # noqa: E402
+from kbverify.core.tasks import Task, load_task  # noqa: E402
+from kbverify.harness.sandbox import run_child  # noqa: E402
+from kbverify.timing import timing_control  # noqa: E402
 
 log = logging.getLogger("bench_timing")
 
@@ -188,8 +189,8 @@ def kernelbench_aa(task: Task, args) -> list[dict]:
     """Reference then an identical copy, each 3 warm-ups + 100 trials on the same inputs, means compared."""
     import torch
 
-    from kbverify.child.precision import set_tf32
-    from kbverify.tasks import execute_task
+    from kbverify.core.tasks import execute_task
+    from kbverify.worker.precision import set_tf32
 
     device = torch.device(args.device)
     torch.cuda.set_device(device.index or 0)  # "cuda" names no index: the current device

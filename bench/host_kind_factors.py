@@ -1,7 +1,7 @@
 """Which step of the host kind moves a forward's host-inclusive time away from KernelBench's (issue 20, B).
 
 KernelBench times each call with events around it and a synchronise after, on one input tensor, no L2 flush,
-calls back to back. The host kind (kbverify.child.timed_call, kind "host") adds, before each call: a fresh draw
+calls back to back. The host kind (kbverify.worker.timed_call, kind "host") adds, before each call: a fresh draw
 copied into the call's input, an L2 flush, a device-wide synchronise, and between calls the harness's own work
 (the device idles). This script times the reference and a submission under KernelBench's loop with those steps
 added one at a time, in one process, interleaved call by call, and prints each variant's medians and ratio: the
@@ -41,7 +41,7 @@ def _load(task_path: str, submission_path: str):
 VARIANTS = ("kernelbench", "+flush", "+fresh_input", "+idle", "+idle+warm", "+all", "+all+warm",
             "+flush+fresh_input", "+churn", "+flush+fresh_input+churn", "+flush+fresh_input+churn+project+poison")
 # Run last, in the state a timing worker is in (its audit hook cannot be removed again): one torch thread and the
-# tripwire audit hook (kbverify.child.guards), as the candidate's and the reference's timed calls run under it.
+# tripwire audit hook (kbverify.worker.guards), as the candidate's and the reference's timed calls run under it.
 WORKER_VARIANTS = ("+worker", "+worker+flush+fresh_input+churn+project+poison")
 
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         print(f"{'variant':>44} {'ref ms':>9} {'cand ms':>9} {'speedup':>8}")
         _table(reference, candidate, inputs, get_inputs, flush, VARIANTS, args)
-        from kbverify.child import guards
+        from kbverify.worker import guards
 
         torch.set_num_threads(1)
         guards.install_tripwires()

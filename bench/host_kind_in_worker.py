@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify import stats, timing_control  # noqa: E402
-from kbverify.inputs import new_run_secret  # noqa: E402
-from kbverify.tasks import load_task  # noqa: E402
+from kbverify.core import stats  # noqa: E402
+from kbverify.core.inputs import new_run_secret  # noqa: E402
+from kbverify.core.tasks import load_task  # noqa: E402
+from kbverify.timing import timing_control  # noqa: E402
 
 
 # The reference made to wait on the device inside its forward, as a blocked candidate does: what the harness's work

@@ -13,10 +13,10 @@ import sys
 def main() -> None:
     timing = _server_timing(sys.argv[1:])
     if timing is not None:
-        from kbverify.sandbox import start_early
+        from kbverify.harness.sandbox import start_early
 
         start_early(timing=timing)
-    from kbverify.cli import main as cli_main
+    from kbverify.cli.app import main as cli_main
 
     cli_main()
 
@@ -33,7 +33,7 @@ def _server_timing(args: list[str]) -> bool | None:
     if task is None or not os.path.isfile(task):
         return None
     protocol = _option_value(args, "--protocol") or "verified"  # check's default
-    from kbverify.protocols import parse_protocols
+    from kbverify.core.protocols import parse_protocols
 
     try:
         return any(p.timing == "interleaved" for p in parse_protocols(protocol))

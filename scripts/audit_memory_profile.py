@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from kbverify import correctness  # noqa: E402
-from kbverify.child import audit_tensors, worker  # noqa: E402
 from kbverify.audit import AuditSettings, worker_payload  # noqa: E402
-from kbverify.child.evaluate import shape_namespaces  # noqa: E402
-from kbverify.tasks import load_task  # noqa: E402
+from kbverify.core.tasks import load_task  # noqa: E402
+from kbverify.judge import correctness  # noqa: E402
+from kbverify.worker import audit_tensors, worker  # noqa: E402
+from kbverify.worker.evaluate import shape_namespaces  # noqa: E402
 
 
 class LiveStorages(TorchDispatchMode):

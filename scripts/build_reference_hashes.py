@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kbverify.references import NORMALIZATION_VERSION, normalized_hash, reference_key  # noqa: E402
+from kbverify.rescore.references import NORMALIZATION_VERSION, normalized_hash, reference_key  # noqa: E402
 
 TASK_PATH = re.compile(r"^KernelBench/level(?P<level>\d+)/(?P<id>\d+)_[^/]+\.py$")
 DEFAULT_REFS = ("main", "v0", "v0.1")

@@ -1,10 +1,10 @@
 """Capture, once, the raw evidence the judge decides from in real CPU runs, for the replay tier (issue 33).
 
-Each case below runs `kbverify.runner.check` for real (worker processes, sandbox, timing). While it runs, the
+Each case below runs `kbverify.harness.runner.check` for real (worker processes, sandbox, timing). While it runs, the
 judge's entry points the runner calls are wrapped (from here only: this is a capture tool, not product code) so
 that what they receive is written down, with what they decided:
 
-- `isolated`: the candidate's and the judge's worker records as `kbverify.evidence.from_child` gets them, the input
+- `isolated`: the candidate's and the judge's worker records as `kbverify.core.evidence.from_child` gets them, the input
   plan, the static scan, the parent's own look at the hand-over folder and the kept-axes note (replayed through
   from_child, merge_set_records, build_record, decide_isolated and with_kept_axes);
 - `death`: the ChildOutcome of a child that did not report (replayed through `kbverify.judge.death`);
@@ -37,15 +37,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import kbverify.evidence as evidence_module  # noqa: E402
+import kbverify.core.evidence as evidence_module  # noqa: E402
+import kbverify.harness.runner as runner_module  # noqa: E402
 import kbverify.judge as judge_package  # noqa: E402
-import kbverify.runner as runner_module  # noqa: E402
+from kbverify.core.protocols import ORIGINAL, VERIFIED, Protocol  # noqa: E402
+from kbverify.core.status import Status  # noqa: E402
+from kbverify.core.submissions import load_submission, make_submission  # noqa: E402
+from kbverify.core.tasks import load_task, parse_task  # noqa: E402
+from kbverify.harness.runner import CheckOptions, check  # noqa: E402
 from kbverify.judge.rejudge import _VERDICT_LEVEL, rejudge_verdict  # noqa: E402
-from kbverify.protocols import ORIGINAL, VERIFIED, Protocol  # noqa: E402
-from kbverify.runner import CheckOptions, check  # noqa: E402
-from kbverify.status import Status  # noqa: E402
-from kbverify.submissions import load_submission, make_submission  # noqa: E402
-from kbverify.tasks import load_task, parse_task  # noqa: E402
 
 OUT = REPO / "tests" / "unit" / "judge" / "data" / "cpu_replay_records.json.gz"
 CORPUS = REPO / "tests" / "corpus"

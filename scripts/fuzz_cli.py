@@ -7,7 +7,7 @@ the reverse, every option's bad values and missing values, unknown options, and 
 by mistake. The cases are generated the same way every time (`--seed` only picks `--sample`s and the odd strings), so
 a run is repeatable and a failure can be rerun alone (`--only NAME`).
 
-By default the cases run in this process through `kbverify.cli.main` (milliseconds each): anything that would start
+By default the cases run in this process through `kbverify.cli.app.main` (milliseconds each): anything that would start
 a worker process counts as the command having gone ahead (a wrong exit code: bad input must be refused first).
 `--subprocess` runs each through `python -m kbverify` instead (about a second each), as a user would.
 
@@ -117,9 +117,9 @@ class World:
         return first
 
     def _store(self) -> Path:
-        from kbverify.records import Verdict
-        from kbverify.status import Status
-        from kbverify.store import Store
+        from kbverify.core.records import Verdict
+        from kbverify.core.status import Status
+        from kbverify.results.store import Store
 
         path = self.root / "good.sqlite"
         with Store(path) as store:
@@ -417,7 +417,7 @@ class _Stderr:
 
 
 def _refuse_workers() -> None:
-    from kbverify import provenance, sandbox
+    from kbverify.harness import provenance, sandbox
 
     def refuse(*args, **kwargs):
         raise WentAhead()
@@ -429,8 +429,8 @@ def _refuse_workers() -> None:
 
 
 def run_in_process(argv: list[str], timeout_s: float) -> tuple[int | None, str, str, str]:
-    """(exit code, stdout, stderr, what escaped) of `kbverify argv` run by `kbverify.cli.main` here."""
-    from kbverify import cli
+    """(exit code, stdout, stderr, what escaped) of `kbverify argv` run by `kbverify.cli.app.main` here."""
+    from kbverify.cli import app as cli
 
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv, sys.stdout, sys.stderr

@@ -24,14 +24,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from corpus_cases import Case, read_case  # noqa: E402
-from kbverify.importers import Entry  # noqa: E402
-from kbverify.protocols import ORIGINAL, VERIFIED  # noqa: E402
-from kbverify.rescore import prebuild  # noqa: E402
-from kbverify.runner import CheckOptions, check  # noqa: E402
-from kbverify.static import scan  # noqa: E402
-from kbverify.submissions import load_submission, make_submission  # noqa: E402
-from kbverify.tasks import load_task  # noqa: E402
+from kbverify.core.protocols import ORIGINAL, VERIFIED  # noqa: E402
+from kbverify.core.submissions import load_submission, make_submission  # noqa: E402
+from kbverify.core.tasks import load_task  # noqa: E402
+from kbverify.harness.runner import CheckOptions, check  # noqa: E402
+from kbverify.judge.static import scan  # noqa: E402
 from kbverify.judge.timing import driven_rounds  # noqa: E402
+from kbverify.rescore.importers import Entry  # noqa: E402
+from kbverify.rescore.rescore import prebuild  # noqa: E402
 
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=1.0)}
 # Cases of the CPU corpus whose point is what a GPU does (cuDNN's nondeterminism, its clamp boundaries)

@@ -184,9 +184,9 @@ def main() -> None:
                            timeout=600)
             (folder / "kb.built").write_text("")
         if not (folder / "kbv.built").exists():
-            code = ("import sys; from kbverify.rescore import prebuild; from kbverify.importers import Entry;"
-                    "from kbverify.tasks import parse_task; from kbverify.submissions import make_submission;"
-                    "from kbverify.runner import CheckOptions;"
+            code = ("import sys; from kbverify.rescore.rescore import prebuild; from kbverify.rescore.importers import Entry;"
+                    "from kbverify.core.tasks import parse_task; from kbverify.core.submissions import make_submission;"
+                    "from kbverify.harness.runner import CheckOptions;"
                     "t=parse_task(open(sys.argv[1]).read(), name='ref'); s=make_submission(open(sys.argv[2]).read(), id='custom.py');"
                     "e=Entry('x', t, s, None, None, 0, None, None, 'jsonl', None);"
                     "print(prebuild([e], CheckOptions(device='cuda:0'), workers=1))")

@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# multiprocessing's worker server and resource tracker serve this process until it exits (kbverify.sandbox), then
+# multiprocessing's worker server and resource tracker serve this process until it exits (kbverify.harness.sandbox), then
 # read end of file and exit too: not left behind. What the server started is.
 _OWN_HELPERS = (b"from multiprocessing.forkserver import main", b"from multiprocessing.resource_tracker import main")
 

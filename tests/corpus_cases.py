@@ -24,7 +24,7 @@ class Case:
     # protocol → the run secret (every seed), where the case holds for some draws only and another case holds the
     # others (an open one): the draw it is about, named, instead of a coin toss in CI
     secret: dict = field(default_factory=dict)
-    as_user: bool = False  # `verified` keeps its set run as a user calls the model (kbverify.inputs._as_user_set)
+    as_user: bool = False  # `verified` keeps its set run as a user calls the model (kbverify.core.inputs._as_user_set)
 
     @property
     def id(self) -> str:

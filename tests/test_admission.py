@@ -18,7 +18,7 @@ from kbverify.audit.footprint import (
     audit_need_bytes,
     estimate_footprints,
 )
-from kbverify.tasks import load_task
+from kbverify.core.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "import torch\nimport torch.nn as nn\n\n\n"
@@ -241,7 +241,7 @@ def test_a_recorded_peak_replaces_the_estimate_and_the_latest_record_of_a_task_w
 
 def test_the_peaks_file_is_read_for_admission_and_updated_from_the_run(tmp_path):
     from kbverify.audit import memory as script
-    from kbverify.errors import InputError
+    from kbverify.core.errors import InputError
 
     peaks = tmp_path / "peaks.json"
     assert script.read_peaks(peaks) == {"peaks_reserved_bytes": {}}  # none yet: the estimates decide
@@ -289,7 +289,7 @@ def test_the_audit_command_asks_for_copies_only_through_its_own_options(tmp_path
     """`kbverify audit` with none of the copies' options is the one-at-a-time audit (None: jobs.run_audit runs it);
     --gpus on a CUDA device means ten copies a GPU unless told otherwise; the copies need --out."""
     from kbverify.audit.options import DEFAULT_PER_GPU, audit_options
-    from kbverify.errors import InputError
+    from kbverify.core.errors import InputError
 
     common = dict(tasks=tmp_path, device="cuda:0", protocol="original", hidden_tests=None, hidden_dirs=(),
                   verbose=False)

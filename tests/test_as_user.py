@@ -1,4 +1,4 @@
-"""The set run as a user calls it (kbverify.child.as_user): a fresh `python <script>` whose call sees the collector
+"""The set run as a user calls it (kbverify.worker.as_user): a fresh `python <script>` whose call sees the collector
 on, autograd on, default signal dispositions and no kbverify frame or module, and whose output is handed over.
 Each test's kernel answers torch.relu only when it sees the harness's state, zeros otherwise, so the handed-over
 output says what the call saw. Corpus: exploits/relu_honest_only_while_the_collector_is_off,
@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from kbverify.child import as_user, output_handover
+from kbverify.worker import as_user, output_handover
 
 TASK = open("tasks/basic/level1/1_ReLU.py").read()
 SET = {"set_id": "original/mixed_sign/default/as-a-user-calls-it", "seed": 5, "weight_seed": 7}

@@ -15,9 +15,9 @@ import pytest
 
 from kbverify.audit import (AuditSettings, AuditThresholds, assess, audit_tasks, audit_to_json_summary,
                             load_exclusions)
-from kbverify.errors import InputError
-from kbverify.protocols import KBV, ORIGINAL, VERIFIED
-from kbverify.tasks import load_task
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import KBV, ORIGINAL, VERIFIED
+from kbverify.core.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOLS = [ORIGINAL, KBV, VERIFIED]
@@ -228,7 +228,7 @@ def test_crash_and_timeout_are_errors_and_the_audit_goes_on(tmp_path):
 _KILL_SCRIPT = """
 import sys
 from kbverify.audit import AuditSettings, audit_tasks
-from kbverify.tasks import load_task
+from kbverify.core.tasks import load_task
 
 if __name__ == "__main__":
     tasks = [load_task(p) for p in sys.argv[2:]]
@@ -393,7 +393,7 @@ def test_report_only_runs_nothing_and_shows_what_the_partial_file_lacks(tmp_path
 
 def test_a_timing_threshold_beyond_what_the_worker_decides_exactly_is_refused():
     from kbverify.audit import AuditSettings, AuditThresholds, audit_tasks
-    from kbverify.errors import InputError
+    from kbverify.core.errors import InputError
 
     with pytest.raises(InputError, match="timing_decided_us"):
         audit_tasks([], protocols=["original"], thresholds=AuditThresholds(timing_min_us=1500.0),

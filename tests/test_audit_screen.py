@@ -16,14 +16,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify import correctness
-from kbverify.child import audit_dead, audit_tensors, audit_worker
+from kbverify.judge import correctness
+from kbverify.worker import audit_dead, audit_tensors, audit_worker
 from kbverify.audit import (AuditSettings, AuditThresholds, assess, judged_protocols, resolve_protocols,
                             with_identity_variants)
-from kbverify.child.exact import moved_spread, summarize_within_moved
-from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
-from kbverify.protocols import KBV, ORIGINAL, VERIFIED
-from kbverify.tasks import load_task
+from kbverify.core.protocols import KBV, ORIGINAL, VERIFIED
+from kbverify.core.tasks import load_task
+from kbverify.judge.correctness import EXACT_AVAILABLE, ExactEvidence, certainly_rejects, judge_set, screen, summarize
+from kbverify.worker.exact import moved_spread, summarize_within_moved
 
 PROTOCOLS = [ORIGINAL, KBV, VERIFIED]
 HEADER = "import torch\nimport torch.nn as nn\n\n\n"
@@ -421,7 +421,7 @@ def test_a_weightless_deterministic_task_replays_and_a_weighted_one_runs(tasks):
 
 
 def test_the_wide_distribution_keeps_its_bits_with_one_temporary():
-    from kbverify.inputs import WIDE_LARGE, WIDE_SMALL, _transform
+    from kbverify.core.inputs import WIDE_LARGE, WIDE_SMALL, _transform
 
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         x = (torch.randn(300, 37, generator=torch.Generator().manual_seed(4)) * 10).to(dtype)
@@ -443,7 +443,7 @@ def test_the_dead_check_does_not_import_sympy():
 
     program = """
 import sys, torch
-from kbverify.child import audit_dead
+from kbverify.worker import audit_dead
 before = "sympy" in sys.modules
 model = torch.nn.Linear(8, 4)
 class Context:
@@ -464,7 +464,7 @@ print(before or "sympy" not in sys.modules)
 @given(st.lists(st.floats(0.5, 50_000.0), min_size=1, max_size=60), st.floats(1.0, 20_000.0),
        st.floats(0.5, 20_000.0))
 def test_the_timing_flag_stops_early_only_when_the_full_median_is_decided(times_us, decided_us, threshold_us):
-    from kbverify.child.audit_worker import samples_until_decided
+    from kbverify.worker.audit_worker import samples_until_decided
 
     planned = len(times_us)
     calls = iter(times_us)
@@ -496,8 +496,8 @@ def test_the_projection_drawn_again_gives_the_gradient_a_stored_projection_gives
                                            ("return x * 0.0 + self.bias", True)])
 def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_on_its_input(forward, dead):
     source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")
-    from kbverify.child.evaluate import shape_namespaces
-    from kbverify.tasks import parse_task
+    from kbverify.core.tasks import parse_task
+    from kbverify.worker.evaluate import shape_namespaces
 
     namespace = shape_namespaces(parse_task(source, name="1_InPlace"), [{"shape": "original", "overrides": {}}])
     found = audit_dead._dead_check(namespace["original"], AuditSettings().worker_dict(), torch.device("cpu"))
@@ -513,8 +513,8 @@ def test_the_dead_check_takes_gradients_also_when_the_reference_works_in_place_o
 def test_the_dead_check_reports_the_same_whether_the_model_gets_the_leaves_or_clones(monkeypatch, forward):
     """The leaves are the drawn inputs themselves; a model that writes to its input behind autograd's back must
     not change what is reported (each input's scale is taken before the model runs)."""
-    from kbverify.child.evaluate import shape_namespaces
-    from kbverify.tasks import parse_task
+    from kbverify.core.tasks import parse_task
+    from kbverify.worker.evaluate import shape_namespaces
 
     source = _task(forward, "[torch.randn(8, 16)]", init="self.bias = nn.Parameter(torch.ones(16))")
 

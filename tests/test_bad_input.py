@@ -1,6 +1,6 @@
 """Issue 21: no input, however malformed, gets a traceback or a wrong verdict (SPEC §7, §10).
 
-Each case runs the command line in this process (its real entry, `kbverify.cli.main`) on one malformed input and
+Each case runs the command line in this process (its real entry, `kbverify.cli.app.main`) on one malformed input and
 asserts what a script calling kbverify relies on: exit 2, exactly one line on stderr that starts `kbverify: `
 and names the problem, nothing on stdout, no traceback, nothing written where the command would have written,
 and no worker process started (the sandbox's entry points fail the test if anything reaches them), so each case
@@ -10,7 +10,7 @@ Every case here expects exit 2. Inputs that look hostile but are not bad input a
 another code is right for them: an empty or syntactically broken submission is the submission's failure (a
 verdict, exit 1, after a worker ran it); an empty file given to `rescore --store` is a new store to write (it goes
 ahead); a protocol list that names one preset twice is taken once; a task that raises at import is the task's
-problem, with its own status (kbverify.task_probe).
+problem, with its own status (kbverify.harness.task_probe).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import cli, sandbox
 from kbverify.audit import FORMAT as AUDIT_FORMAT
-from kbverify.records import Verdict
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.cli import app as cli
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.harness import sandbox
+from kbverify.results.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 RELU = REPO / "tasks" / "basic" / "level1" / "1_ReLU.py"
@@ -667,7 +668,7 @@ def test_there_are_enough_cases():
 @pytest.fixture
 def no_probe(monkeypatch):
     """rescore asks a worker for this machine's versions and starts the worker server; neither is needed here."""
-    from kbverify import provenance
+    from kbverify.harness import provenance
 
     monkeypatch.setattr(provenance, "collect", lambda device: dict(MACHINE, device=device))
     monkeypatch.setattr(sandbox, "start_early", lambda **kwargs: None)
@@ -724,7 +725,7 @@ BOM_SOURCE = "\ufeff" + HONEST
 
 
 def test_a_submission_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path):
-    from kbverify.submissions import load_submission
+    from kbverify.core.submissions import load_submission
 
     path = _write(tmp_path / "bom.py", BOM_SOURCE.encode("utf-8"))
     submission = load_submission(path)
@@ -735,14 +736,14 @@ def test_a_submission_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path
 
 
 def test_a_task_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path):
-    from kbverify.tasks import load_task
+    from kbverify.core.tasks import load_task
 
     path = _write(tmp_path / "1_ReLU.py", b"\xef\xbb\xbf" + RELU.read_bytes())
     assert load_task(path).source == RELU.read_text()
 
 
 def test_a_run_folder_and_a_jsonl_read_kernels_with_a_byte_order_mark(tmp_path):
-    from kbverify.importers import read_source
+    from kbverify.rescore.importers import read_source
 
     run = _run_folder(tmp_path / "run", {"1": HONEST})
     _write(run / "level_1_problem_1_sample_0_kernel.py", BOM_SOURCE.encode("utf-8"))
@@ -757,7 +758,7 @@ def test_a_run_folder_and_a_jsonl_read_kernels_with_a_byte_order_mark(tmp_path):
 
 
 def test_a_secret_of_16_hex_digits_is_taken_in_either_case(world, tmp_path):
-    from kbverify import validate
+    from kbverify.cli import validate
 
     assert validate.run_secret("CDCD3481E7EDB9A7") == "cdcd3481e7edb9a7"
     assert validate.run_secret("cdcd3481e7edb9a7") == "cdcd3481e7edb9a7"
@@ -776,9 +777,9 @@ def test_progress_names_the_gpus_not_the_threads_sharing_them():
     """One GPU evaluating four units side by side is one GPU, not its 16 evaluating threads."""
     import threading
 
-    from kbverify.device_share import threads_for
-    from kbverify.progress import Progress, where
-    from kbverify.rescore import Sink
+    from kbverify.core.progress import Progress, where
+    from kbverify.harness.device_share import threads_for
+    from kbverify.rescore.rescore import Sink
 
     seen = []
     sink = Sink(None, "run", [], 0, seen.append, threads_for(4), "cuda:0", devices=1)
@@ -791,7 +792,7 @@ def test_progress_names_the_gpus_not_the_threads_sharing_them():
 
 
 def test_an_internal_error_exits_3_with_a_line_never_1(monkeypatch, capsys):
-    from kbverify import validate
+    from kbverify.cli import validate
 
     def broken(**kwargs):
         raise ZeroDivisionError("a bug")

@@ -20,10 +20,10 @@ def _bench(name: str):
 def test_check_cost_reads_the_runners_per_child_records_as_the_runner_formats_them():
     bench = _bench("bench_check_cost")
     # The runner's own format string, so a change to it that the benchmark cannot read fails here.
-    (text,) = re.findall(r'log\.info\("(%s child for %s: %\.2f s[^"]*)"', (REPO / "kbverify" / "runner.py").read_text())
+    (text,) = re.findall(r'log\.info\("(%s child for %s: %\.2f s[^"]*)"', (REPO / "kbverify" / "harness" / "runner.py").read_text())
     args = ("candidate", "relu_1", 1.5, *["spawn 0.1 s"] * (text.count("%") - 3))
     handler = bench.PhaseLog()
-    handler.emit(logging.LogRecord("kbverify.runner", logging.INFO, "runner.py", 1, text, args, None))
+    handler.emit(logging.LogRecord("kbverify.harness.runner", logging.INFO, "runner.py", 1, text, args, None))
     assert handler.phases == [("candidate", "relu_1", 1.5)]
-    line = "INFO kbverify.runner: " + text % args
+    line = "INFO kbverify.harness.runner: " + text % args
     assert bench._LOGGED_CHILD.search(line).groups() == ("candidate", "relu_1", "1.50")

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 # through load_inline and ninja, without the ~20 s that torch's headers take to parse. Its path is in the source,
 # so both runs ask for the same build (a path that changed would change the command, and ninja would rebuild).
 # It lies in the repository: the build runs sandboxed, where /tmp (and a test's tmp_path in it) is private and
-# empty, and the compiler skips an include folder it cannot see (kbverify.confine).
+# empty, and the compiler skips an include folder it cannot see (kbverify.harness.confine).
 STUB_INCLUDE = REPO / "tests" / "build_stub"
 NATIVE = '''import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

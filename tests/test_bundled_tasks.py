@@ -20,12 +20,11 @@ import pytest
 import torch
 
 from corpus_cases import CAUGHT_BY_ORIGINAL_TOO, HONEST_ONLY_WHEN_WATCHED
-from kbverify.child.construct import load_weights, names_of
-from kbverify.child.evaluate import construct_candidate, rerandomized_state
-from kbverify.correctness import flatten_outputs
-
-from kbverify.status import Status, Warn
-from kbverify.tasks import Task, execute_task, load_task, load_task_dir
+from kbverify.core.status import Status, Warn
+from kbverify.core.tasks import Task, execute_task, load_task, load_task_dir
+from kbverify.judge.correctness import flatten_outputs
+from kbverify.worker.construct import load_weights, names_of
+from kbverify.worker.evaluate import construct_candidate, rerandomized_state
 
 REPO = Path(__file__).resolve().parents[1]
 BASIC = REPO / "tasks" / "basic"

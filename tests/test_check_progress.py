@@ -1,5 +1,5 @@
 """`check` says what it is doing in a log: a line when a verdict starts, at each new step of it (a worker, a kind of
-phase), when it ends, and the heartbeat at least every 20 s while a step runs (kbverify.check_progress)."""
+phase), when it ends, and the heartbeat at least every 20 s while a step runs (kbverify.harness.check_progress)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import check_progress
-from kbverify.progress import HEARTBEAT_S, Reporter
+from kbverify.core.progress import HEARTBEAT_S, Reporter
+from kbverify.harness import check_progress
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,8 @@ def test_a_check_says_it_started_before_it_probes_the_device(capsys):
     """`--device auto` asks a worker (seconds, more on a GPU host): the first line is written before that."""
     from types import SimpleNamespace
 
-    from kbverify import cli, runner
+    from kbverify.cli import app as cli
+    from kbverify.harness import runner
 
     seen_before_probe = []
 

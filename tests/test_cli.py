@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.store import Store
-from kbverify.tasks import load_task
+from kbverify.core.tasks import load_task
+from kbverify.results.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER_TIMEOUT_S = 60
@@ -160,7 +160,7 @@ def test_asking_for_cuda_without_one_is_an_infrastructure_error(tmp_path):
     submission = write(tmp_path / "relu_clamp.py", HONEST_RELU)
     result = kbverify("check", submission, "--task", RELU, "--protocol", "original", "--device", "cuda")
     assert result.returncode == 3, (result.returncode, result.stderr[-2000:])
-    # one line of error, the last, after the check's progress lines (kbverify.check_progress)
+    # one line of error, the last, after the check's progress lines (kbverify.harness.check_progress)
     *progress, error = result.stderr.splitlines()
     assert error.startswith("kbverify: ") and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert all(line.startswith("kbverify 0:") and "done" not in line for line in progress), progress
@@ -325,7 +325,8 @@ def test_check_preloads_the_timing_workers_scipy_only_when_timing_rounds_will_ru
     """scipy.stats costs ~60% of torch's import at every worker server's start: `original` alone never uses it."""
     from typer.testing import CliRunner
 
-    from kbverify import cli, sandbox
+    from kbverify.cli import app as cli
+    from kbverify.harness import sandbox
 
     asked = []
 
@@ -363,9 +364,10 @@ def test_the_entry_point_starts_the_server_with_what_the_command_will_need(tmp_p
 def test_check_resolves_the_device_after_validating_it(monkeypatch, device, cuda_available, resolved):
     from typer.testing import CliRunner
 
-    from kbverify import cli, runner, sandbox
-    from kbverify.records import Verdict
-    from kbverify.status import Status
+    from kbverify.cli import app as cli
+    from kbverify.core.records import Verdict
+    from kbverify.core.status import Status
+    from kbverify.harness import runner, sandbox
 
     used = []
 

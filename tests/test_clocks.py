@@ -1,4 +1,4 @@
-"""fast_p tables from a named clock (`score`/`report`/`rescore --clock device|host`; kbverify.clocks).
+"""fast_p tables from a named clock (`score`/`report`/`rescore --clock device|host`; kbverify.timing.clocks).
 
 A table reads the same clock for every verdict, whatever a verdict's mode chose for its headline; a verdict
 recorded before both clocks were kept keeps its own speedup, and the output says how many did.
@@ -10,11 +10,12 @@ import json
 
 import pytest
 
-from kbverify import clocks, jobs, validate
-from kbverify.errors import InputError
-from kbverify.records import Verdict
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.cli import jobs, validate
+from kbverify.core.errors import InputError
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.results.store import Store
+from kbverify.timing import clocks
 
 MACHINE = {"gpu_model": "H200", "driver": "580", "cuda": "13.0", "torch": "2.11"}
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kbverify.records import Verdict
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.results.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 

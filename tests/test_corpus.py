@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from corpus_cases import CAUGHT_BY_ORIGINAL_TOO, all_cases
-from kbverify.protocols import ORIGINAL, VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import load_submission
-from kbverify.tasks import load_task
+from kbverify.core.protocols import ORIGINAL, VERIFIED
+from kbverify.core.submissions import load_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness.runner import CheckOptions, check
 
 # A short timing budget: the statistics need not be tight for a verdict on correctness and guards.
 PROTOCOLS = {"original": ORIGINAL, "verified": VERIFIED.with_overrides(timing_budget_s=0.3)}

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify.correctness import EXACT_AVAILABLE, ExactEvidence, judge_set, summarize
-from kbverify.protocols import KBV, ORIGINAL, VERIFIED
+from kbverify.core.protocols import KBV, ORIGINAL, VERIFIED
+from kbverify.judge.correctness import EXACT_AVAILABLE, ExactEvidence, judge_set, summarize
 
 
 def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -95,7 +95,7 @@ def test_summaries_keep_the_grid_needed_to_rejudge_at_other_tolerances():
 
 
 def test_chunked_summaries_equal_whole_ones():
-    from kbverify.correctness import _summarize_tensor
+    from kbverify.judge.correctness import _summarize_tensor
 
     generator = torch.Generator().manual_seed(3)
     reference = torch.randn(1000, 37, generator=generator)
@@ -351,7 +351,7 @@ def _wide_range_fold(seed: int, low_precision: bool = False, spend: float = 0.0)
     on inputs of the wide-range set (half ×1e5, half ×1e-5): outputs that cancel among terms of 1e4 carry that
     rounding at 1e4 · 2⁻²⁴ absolute, several times the element limit there. `spend`: also push that share of the
     outputs 3% off, the tail an allowance granted to a share of elements would let through."""
-    from kbverify.child.exact import fp64_truth, moved_spreads, summarize_within_moved
+    from kbverify.worker.exact import fp64_truth, moved_spreads, summarize_within_moved
 
     model = _ExactlyRoundedScaledMatmul(seed)
     generator = torch.Generator().manual_seed(seed + 1)

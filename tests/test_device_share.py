@@ -1,4 +1,4 @@
-"""Issue 22, the GPU never waits: the device lease (kbverify.device_share) and `rescore --share-gpu N` on the CPU.
+"""Issue 22, the GPU never waits: the device lease (kbverify.harness.device_share) and `rescore --share-gpu N` on the CPU.
 
 The lease's invariants under many threads (no shared holder beside the exclusive one, timing never starved, FIFO,
 nothing leaked by exceptions or timeouts); the executor's plumbing, with the checks' phases replaced by recorders
@@ -16,17 +16,18 @@ import time
 
 import pytest
 
-from kbverify import device_share, jobs, runner, validate
-from kbverify import provenance as provenance_module
-from kbverify import rescore as rescore_module
-from kbverify.device_share import CORRECTNESS, TIMING, DeviceLease, LeaseTimeout, Sharing, phase
-from kbverify.errors import InputError
-from kbverify.importers import load_entries
-from kbverify.protocols import ORIGINAL, VERIFIED
-from kbverify.rescore import BuildPlan, LocalExecutor
-from kbverify.runner import CheckOptions
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.cli import jobs, validate
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import ORIGINAL, VERIFIED
+from kbverify.core.status import Status
+from kbverify.harness import device_share, runner
+from kbverify.harness import provenance as provenance_module
+from kbverify.harness.device_share import CORRECTNESS, TIMING, DeviceLease, LeaseTimeout, Sharing, phase
+from kbverify.harness.runner import CheckOptions
+from kbverify.rescore import rescore as rescore_module
+from kbverify.rescore.importers import load_entries
+from kbverify.rescore.rescore import BuildPlan, LocalExecutor
+from kbverify.results.store import Store
 from tests.test_rescore import FAST, HONEST, RELU_IDENTITY, WORKER_TIMEOUT_S, write_run
 
 pytestmark = pytest.mark.serial  # it runs checks side by side itself: alone on the machine (.ci/run)
@@ -454,7 +455,7 @@ def test_the_options_carry_the_lease_without_changing_what_they_compare_as():
 
 def test_a_gpu_session_asks_for_mps_and_says_why_it_runs_without(monkeypatch, no_probe):
     executor = LocalExecutor(["cuda:0", "cuda:1"], CheckOptions(device="cuda:0"), BuildPlan(1, 1), share=2)
-    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-cuda-mps-control (kbverify.mps is tested on its own)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-cuda-mps-control (kbverify.harness.mps is tested on its own)
     with executor.session():
         sharing = executor.sharing
         assert set(sharing) == {"cuda:0", "cuda:1"} and sharing["cuda:0"].lease is not sharing["cuda:1"].lease

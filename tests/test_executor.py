@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import rescore as rescore_module
-from kbverify.importers import load_entries
-from kbverify.protocols import ORIGINAL
-from kbverify.provenance import compat_key
-from kbverify.rescore import Sink, plan_units, unverifiable_verdict
-from kbverify.runner import CheckOptions
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.core.protocols import ORIGINAL
+from kbverify.core.status import Status
+from kbverify.harness.provenance import compat_key
+from kbverify.harness.runner import CheckOptions
+from kbverify.rescore import rescore as rescore_module
+from kbverify.rescore.importers import load_entries
+from kbverify.rescore.rescore import Sink, plan_units, unverifiable_verdict
+from kbverify.results.store import Store
 from tests.test_rescore import HONEST, write_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def ray_cluster():
 
 
 def test_ray_runs_units_as_one_gpu_tasks_into_the_drivers_store_and_resumes(tmp_path, ray_cluster):
-    from kbverify.ray_executor import RayExecutor
+    from kbverify.rescore.ray_executor import RayExecutor
 
     entries = load_entries(write_run(tmp_path / "run", {k: HONEST[k] for k in ("1_ReLU", "2_Double")}))
     options = CheckOptions(device="cpu", timeout_s=120.0)

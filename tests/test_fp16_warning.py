@@ -3,10 +3,10 @@ TF32-accurate one: it passes, flagged `fp16_path` (SPEC §2)."""
 
 import pytest
 
-from kbverify.protocols import VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import make_submission
-from kbverify.tasks import parse_task
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import parse_task
+from kbverify.harness.runner import CheckOptions, check
 
 TASK = """
 import torch

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 
 from corpus_cases import REPO, Case, read_case
-from kbverify.correctness import grid_key
-from kbverify.importers import Entry
-from kbverify.protocols import ORIGINAL, VERIFIED
-from kbverify.records import Verdict
-from kbverify.rescore import prebuild
-from kbverify.runner import CheckOptions, check
-from kbverify.static import scan
-from kbverify.status import Status, Warn
-from kbverify.submissions import Submission, load_submission, make_submission
-from kbverify.tasks import load_task
+from kbverify.core.protocols import ORIGINAL, VERIFIED
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status, Warn
+from kbverify.core.submissions import Submission, load_submission, make_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness.runner import CheckOptions, check
+from kbverify.judge.correctness import grid_key
+from kbverify.judge.static import scan
 from kbverify.judge.timing import driven_rounds
+from kbverify.rescore.importers import Entry
+from kbverify.rescore.rescore import prebuild
 
 pytestmark = pytest.mark.gpu
 

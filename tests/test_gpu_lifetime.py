@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import gpu_processes
-from kbverify.protocols import VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import make_submission
-from kbverify.tasks import load_task
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness import gpu_processes
+from kbverify.harness.runner import CheckOptions, check
 
 pytestmark = pytest.mark.gpu
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from kbverify import gpu_processes
-from kbverify.records import Verdict
-from kbverify.status import Status, Warn
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status, Warn
+from kbverify.harness import gpu_processes
 
 GPUS = "0, GPU-aaaa-0000\n1, GPU-bbbb-1111\n"
 FAKE = """#!/bin/sh
@@ -116,7 +116,7 @@ def test_no_nvidia_smi_or_a_cpu_is_recorded_as_not_checked(monkeypatch, tmp_path
 
 def test_a_confined_job_in_its_own_pid_namespace_is_among_our_descendants():
     """The sandbox's jobs live in PID namespaces of their own; their numbers in ours descend from this process."""
-    from kbverify.sandbox import run_child
+    from kbverify.harness.sandbox import run_child
 
     seen: list = []
 
@@ -149,11 +149,11 @@ def _verdict(**fields) -> Verdict:
 
 
 def test_a_timing_beside_a_foreign_process_does_not_count_in_fast_p(tmp_path):
-    from kbverify import jobs
-    from kbverify.counting import score_rows_from_verdicts
-    from kbverify.report import render_markdown
-    from kbverify.store import Store
-    from kbverify.summary import summarize
+    from kbverify.cli import jobs
+    from kbverify.report.summary import summarize
+    from kbverify.report.write import render_markdown
+    from kbverify.results.counting import score_rows_from_verdicts
+    from kbverify.results.store import Store
 
     clean = _verdict()
     flagged = _verdict(warnings=(Warn.FOREIGN_GPU_PROCESS.value,), submission="f", task="u", task_name="2_Other",
@@ -194,9 +194,9 @@ def test_the_runs_own_mps_server_is_not_foreign_though_it_is_no_descendant(smi, 
 
 
 def test_this_commands_mps_daemon_is_ours_and_one_an_earlier_command_left_is_foreign(smi):
-    """The daemon's processes carry their command's mark (kbverify.mps_lifetime): this command's are ours without
+    """The daemon's processes carry their command's mark (kbverify.harness.mps_lifetime): this command's are ours without
     being told its pipe folder; a leftover of a command that is gone is not."""
-    from kbverify import mps_lifetime
+    from kbverify.harness import mps_lifetime
 
     def server(owner: str) -> int:
         started = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,

@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json, os, sys
-from kbverify.child import guards
+from kbverify.worker import guards
 guards.install_tripwires()
 seen = []
 sys.addaudithook(lambda event, args: seen.append(event))  # as a submission would, to watch the harness
@@ -37,7 +37,7 @@ def test_a_further_audit_hook_is_dropped_quietly_and_a_trace_hook_refused():
 
 _FAKE_FLAGS_PROBE = """
 import torch
-from kbverify.child.precision import assert_baseline_flags, tf32_state
+from kbverify.worker.precision import assert_baseline_flags, tf32_state
 before = tf32_state()
 
 

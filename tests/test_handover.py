@@ -6,8 +6,8 @@ import pickle
 import pytest
 import torch
 
-from kbverify import channel
-from kbverify.child import handover_files, output_handover
+from kbverify.harness import channel
+from kbverify.worker import handover_files, output_handover
 
 LIMIT = 1 << 20
 
@@ -116,7 +116,7 @@ def test_own_wait_ignores_files_it_did_not_publish(tmp_path):
 
 
 def test_strays_in_the_hand_over_folder_are_named(tmp_path):
-    from kbverify.channel import handover_strays
+    from kbverify.harness.channel import handover_strays
 
     markers = {"candidate_ended": "c-1.ended", "judge_ended": "j-1.ended"}
     for name in ("original__x1__default__s0.none", "c-1.ended", "judge.ended", "decoy.pt"):

@@ -1,4 +1,4 @@
-"""The hang budget (kbverify.hang): a forward with no progress for max(N s, k × the reference's own call time) is a
+"""The hang budget (kbverify.harness.hang): a forward with no progress for max(N s, k × the reference's own call time) is a
 `timeout`, enforced by the parent's clock in the correctness phase and in the timing worker; builds and loading
 keep their own bound; an honest forward that is slow once, within k × the reference's pace, is not a hang."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import hang
-from kbverify.protocols import ORIGINAL, VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.status import Status
-from kbverify.submissions import make_submission
-from kbverify.tasks import parse_task
+from kbverify.core.protocols import ORIGINAL, VERIFIED
+from kbverify.core.status import Status
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import parse_task
+from kbverify.harness import hang
+from kbverify.harness.runner import CheckOptions, check
 
 pytestmark = pytest.mark.serial  # it bounds how long a hang takes to end: alone on the machine (.ci/run)
 
@@ -214,7 +214,7 @@ class _ReplyArrivesDuringTheStallCheck:
 
 
 def test_a_reply_read_in_by_the_stall_check_is_taken_without_waiting_for_another():
-    from kbverify import timing_control
+    from kbverify.timing import timing_control
 
     child = _ReplyArrivesDuringTheStallCheck()
     started = time.monotonic()

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify import hidden
-from kbverify.errors import InputError
-from kbverify.hidden import (
+from kbverify.core.errors import InputError
+from kbverify.shapes import hidden
+from kbverify.shapes.hidden import (
     HiddenShape,
     execute_with_shape,
     generate_command,
@@ -24,7 +24,7 @@ from kbverify.hidden import (
     shapes_for,
     write_manifests,
 )
-from kbverify.tasks import execute_task, load_task, parse_task
+from kbverify.core.tasks import execute_task, load_task, parse_task
 
 CONV_BIAS = """
 import torch
@@ -328,7 +328,7 @@ def test_big_task_is_validated_on_meta_without_allocating(tmp_path):
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert [s.input_shapes for s in shapes] == [((2048, 196608),), ((4095, 393215),)]
     assert {s.validation for s in shapes} == {"meta"}
-    # no larger shape fits the memory bound: the axes it keeps are named, with why (kbverify.hidden_larger)
+    # no larger shape fits the memory bound: the axes it keeps are named, with why (kbverify.shapes.hidden_larger)
     assert shapes[0].kept and all(why.startswith("memory") for why in shapes[0].kept.values())
     assert grown_mib < 500  # one input alone would be 6 GiB
     assert time.perf_counter() - started < 30
@@ -397,7 +397,7 @@ def test_generate_command_mirrors_folders_and_counts(tmp_path, capsys, caplog):
     _task(tmp_path, CONV_BIAS, name="1_ConvBias", level=2)
     _task(tmp_path, NO_CONSTANTS, name="2_NoConstants", level=2)
     _task(tmp_path, GROUP_NORM, name="3_GroupNorm", level=1)
-    caplog.set_level("INFO", logger="kbverify.hidden")
+    caplog.set_level("INFO", logger="kbverify.shapes.hidden")
     summary = generate_command(tmp_path / "tasks", tmp_path / "out")
     assert (summary["tasks"], summary["committed"], summary["none"], summary["failures"]) == (3, 2, 1, 0)
     assert summary["by_count"] == {"0": 1, "3": 1, "4": 1}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.errors import InputError
-from kbverify.importers import detect_format, load_entries
-from kbverify.rescore_plan import select_entries
-from kbverify.references import is_known_reference, known_versions, normalized_hash
+from kbverify.core.errors import InputError
+from kbverify.rescore.importers import detect_format, load_entries
+from kbverify.rescore.references import is_known_reference, known_versions, normalized_hash
+from kbverify.rescore.rescore_plan import select_entries
 
 CUDA_L1 = Path("/work/shared/corpora/cuda-l1-h100.jsonl")
 
@@ -145,14 +145,14 @@ def test_kernelbench_bad_claims_line_is_named(tmp_path, tasks_dir):
 ])
 def test_a_malformed_eval_results_is_reported_and_its_claims_dropped(tmp_path, tasks_dir, caplog, eval_results,
                                                                      with_baseline, reason):
-    from kbverify.importers import read_source
+    from kbverify.rescore.importers import read_source
 
     run = make_run(tmp_path)
     path = run / "eval_results.json"
     (path.write_bytes if isinstance(eval_results, bytes) else path.write_text)(eval_results)
     if with_baseline:
         (run / "baseline_time_torch.json").write_text(json.dumps({"level1": {"19_ReLU.py": {"mean": 2.0}}}))
-    with caplog.at_level("WARNING", logger="kbverify.importers"):
+    with caplog.at_level("WARNING", logger="kbverify.rescore.importers"):
         imported = read_source(run, tasks_dir=tasks_dir)
     assert [(file.path, reason in file.reason) for file in imported.skipped] == [(str(path), True)]
     assert "claimed speedups are not used" in imported.skipped[0].reason
@@ -162,7 +162,7 @@ def test_a_malformed_eval_results_is_reported_and_its_claims_dropped(tmp_path, t
 
 
 def test_a_malformed_baseline_is_reported(tmp_path, tasks_dir):
-    from kbverify.importers import read_source
+    from kbverify.rescore.importers import read_source
 
     run = make_run(tmp_path)
     (run / "eval_results.json").write_text(json.dumps({"19": [{"sample_id": 0, "correctness": True,
@@ -173,12 +173,12 @@ def test_a_malformed_baseline_is_reported(tmp_path, tasks_dir):
 
 
 def test_an_unreadable_kernel_file_is_an_unverifiable_entry_and_reported(tmp_path, tasks_dir, caplog):
-    from kbverify.importers import read_source
+    from kbverify.rescore.importers import read_source
 
     run = make_run(tmp_path)
     (run / "level_1_problem_19_sample_1_kernel.py").write_bytes(b"\xff\xfeclass ModelNew: pass")
     (run / "level1_problem_20_sample_0_kernel.py").write_text(KERNEL)  # a near miss of the naming scheme
-    with caplog.at_level("WARNING", logger="kbverify.importers"):
+    with caplog.at_level("WARNING", logger="kbverify.rescore.importers"):
         imported = read_source(run, tasks_dir=tasks_dir)
     by_id = {entry.entry_id: entry for entry in imported.entries}
     unreadable = by_id["level1/19/s1"]
@@ -191,7 +191,7 @@ def test_an_unreadable_kernel_file_is_an_unverifiable_entry_and_reported(tmp_pat
 
 
 def test_a_sound_run_folder_reports_nothing(tmp_path, tasks_dir):
-    from kbverify.importers import read_source
+    from kbverify.rescore.importers import read_source
 
     run = make_run(tmp_path)
     (run / "eval_results.json").write_text(json.dumps({"19": [{"sample_id": 0, "correctness": True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.sandbox import run_child
+from kbverify.harness.sandbox import run_child
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ raise RuntimeError("FOUND" + json.dumps(found))
 
 
 def test_a_result_counts_only_from_a_job_that_exits_0_after_sending_it():
-    source = ("import os, signal\nfrom kbverify.child import worker\n"
+    source = ("import os, signal\nfrom kbverify.worker import worker\n"
               "worker.send({'kind': 'result', 'result': {'ok': True, 'error': '', 'extensions': {}}})\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")
     outcome = _probe(source)
@@ -143,7 +143,7 @@ def test_a_result_counts_only_from_a_job_that_exits_0_after_sending_it():
 
 
 def test_the_job_cannot_speak_for_its_supervisor():
-    source = ("from kbverify.child import worker\n"
+    source = ("from kbverify.worker import worker\n"
               "worker.send({'kind': 'exit', 'code': 0, 'signal': None})\n"
               "worker.send({'kind': 'sandbox', 'isolation': 'isolated', 'reason': 'forged', 'job_pid': 1})\n"
               "import os\nos._exit(9)\n")
@@ -365,10 +365,10 @@ def test_a_submission_cannot_forge_the_verdicts_provenance(tmp_path):
     (under `original` that is the one job, which ran the submission)."""
     import torch
 
-    from kbverify.protocols import ORIGINAL
-    from kbverify.runner import CheckOptions, check
-    from kbverify.submissions import load_submission
-    from kbverify.tasks import load_task
+    from kbverify.core.protocols import ORIGINAL
+    from kbverify.core.submissions import load_submission
+    from kbverify.core.tasks import load_task
+    from kbverify.harness.runner import CheckOptions, check
 
     submission = tmp_path / "forges.py"
     submission.write_text(FORGES_PROVENANCE)
@@ -403,7 +403,7 @@ def test_a_job_sees_its_own_build_folders_and_no_other_submissions():
     """The build cache usually lies in a folder closed to other users (root's home); a job of its own uid is let
     through to its own build folders only. Binding back the cache's whole branch (all of ~/.cache) let any job
     list every other submission's builds and read (or load) their generated code and compiled kernels."""
-    from kbverify import confine
+    from kbverify.harness import confine
 
     closed = Path(__file__).resolve().parent.parent / ".kbverify-test-cache" / f"closed-{uuid.uuid4().hex[:8]}"
     mine, theirs = closed / "cache" / "builds" / "mine", closed / "cache" / "builds" / "theirs"
@@ -432,8 +432,8 @@ def test_a_job_sees_its_own_build_folders_and_no_other_submissions():
 
 def test_the_build_cache_is_closed_to_other_users(tmp_path):
     """What keeps each job to its own build folders (the test above) needs the cache closed to others."""
-    from kbverify.runner import CheckOptions, build_env
-    from kbverify.submissions import make_submission
+    from kbverify.core.submissions import make_submission
+    from kbverify.harness.runner import CheckOptions, build_env
 
     builds = tmp_path / "builds"
     builds.mkdir(mode=0o755)

@@ -1,9 +1,9 @@
 """What the candidate's own record says of a set never decides that the set does not count: the judge drew the
 same inputs and ran the reference, so validity, a missing entry and an unknown skip are decided against it."""
 
-from kbverify.protocols import VERIFIED
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status
 from kbverify.judge import decide_set
-from kbverify.status import Status
 
 
 def test_a_claimed_input_error_on_a_set_the_judge_drew_is_the_candidates_failure():

@@ -4,10 +4,10 @@ hidden shapes, no guards. What it catches and what only `verified` catches are b
 import pytest
 
 from corpus_cases import CORPUS, REPO
-from kbverify.protocols import KBV
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import load_submission
-from kbverify.tasks import load_task
+from kbverify.core.protocols import KBV
+from kbverify.core.submissions import load_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness.runner import CheckOptions, check
 
 OPTIONS = CheckOptions(device="cpu", timeout_s=60)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import jobs
-from kbverify.errors import InputError
-from kbverify.importers import load_entries
-from kbverify.leaderboard import NO_VALUE, board_from_verdicts, render_html, render_markdown, render_text
-from kbverify.status import Status
-from kbverify.store import Store, StoreConflict
-from kbverify.summary import P_VALUES
+from kbverify.cli import jobs
+from kbverify.core.errors import InputError
+from kbverify.core.status import Status
+from kbverify.report.leaderboard import NO_VALUE, board_from_verdicts, render_html, render_markdown, render_text
+from kbverify.report.summary import P_VALUES
+from kbverify.rescore.importers import load_entries
+from kbverify.results.store import Store, StoreConflict
 from tests.test_report import verdict
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import gpu_processes
-from kbverify.mps_lifetime import process_start_time
+from kbverify.harness import gpu_processes
+from kbverify.harness.mps_lifetime import process_start_time
 
 REPO = Path(__file__).resolve().parent.parent
 GONE_WITHIN_S = 5.0
@@ -43,7 +43,7 @@ def _run_until_hanging(marker: str) -> subprocess.Popen:
     cli = subprocess.Popen(command, cwd=REPO, env={**os.environ, marker: "1"}, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    for line in cli.stderr:  # the progress lines (kbverify.check_progress) say when the forward runs
+    for line in cli.stderr:  # the progress lines (kbverify.harness.check_progress) say when the forward runs
         if "candidate:correctness" in line or time.monotonic() > deadline:
             break
     time.sleep(0.5)

@@ -1,4 +1,4 @@
-"""The private MPS daemon (kbverify.mps), against a stand-in control program that records what it was asked."""
+"""The private MPS daemon (kbverify.harness.mps), against a stand-in control program that records what it was asked."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.mps import CONTROL, private_mps
+from kbverify.harness.mps import CONTROL, private_mps
 
 REPO = Path(__file__).resolve().parents[1]
 # What a client must see to reach the daemon; it fails the probe otherwise.
@@ -111,9 +111,9 @@ def test_a_terminated_audit_still_tells_its_daemon_to_quit(tmp_path):
     bin_dir = _fake_control(tmp_path)
     code = textwrap.dedent(f"""\
         import sys, time, types
-        import kbverify.mps
+        import kbverify.harness.mps
         from kbverify.audit.copies import sharing
-        kbverify.mps.DEFAULT_PROBE = {PROBE_NEEDS_THE_PIPE!r}
+        kbverify.harness.mps.DEFAULT_PROBE = {PROBE_NEEDS_THE_PIPE!r}
         options = types.SimpleNamespace(mps=True, device="cuda", on_cuda=True, out_prefix={str(tmp_path / 'out')!r})
         with sharing(options) as state:
             assert state.used, state.reason
@@ -137,7 +137,7 @@ def test_a_run_cut_while_probing_still_tells_the_daemon_to_quit(tmp_path):
     bin_dir = _fake_control(tmp_path)
     code = textwrap.dedent(f"""\
         import signal, sys
-        from kbverify.mps import private_mps
+        from kbverify.harness.mps import private_mps
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         print("probing", flush=True)
         with private_mps({str(tmp_path / 'mps')!r}, probe=({sys.executable!r}, "-c", "import time; time.sleep(30)")):
@@ -196,12 +196,12 @@ def _marked_with(marker: str) -> list[int]:
                          ids=lambda s: signal.Signals(s).name)
 def test_the_daemon_of_a_command_killed_any_way_is_gone_within_5_s(tmp_path, signum):
     """No unwinding reaches a daemonised MPS control daemon (SIGKILL unwinds nothing; rescore has no handler): its
-    watchdog (kbverify.mps_lifetime) sees the command go and tells it to quit, then kills what carries the mark."""
+    watchdog (kbverify.harness.mps_lifetime) sees the command go and tells it to quit, then kills what carries the mark."""
     bin_dir = _fake_daemon_control(tmp_path)
     marker = f"KBV_MPS_LIFETIME_{os.getpid()}_{signum}"
     code = textwrap.dedent(f"""\
         import time
-        from kbverify.mps import private_mps
+        from kbverify.harness.mps import private_mps
         with private_mps({str(tmp_path / 'mps')!r}, probe={PROBE_NEEDS_THE_PIPE!r}) as state:
             assert state.used, state.reason
             print("inside", flush=True)
@@ -226,7 +226,7 @@ def test_the_daemon_of_a_command_killed_any_way_is_gone_within_5_s(tmp_path, sig
 
 
 def test_a_daemon_an_earlier_command_left_is_ended_at_start(tmp_path):
-    from kbverify import mps_lifetime
+    from kbverify.harness import mps_lifetime
 
     bin_dir = _fake_daemon_control(tmp_path)
     gone_owner = "1:0"  # pid 1 never started at tick 0: that command is gone

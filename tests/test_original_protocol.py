@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.protocols import ORIGINAL
-from kbverify.runner import CheckOptions, check
-from kbverify.status import Status
-from kbverify.submissions import make_submission
-from kbverify.tasks import load_task, parse_task
+from kbverify.core.protocols import ORIGINAL
+from kbverify.core.status import Status
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import load_task, parse_task
+from kbverify.harness.runner import CheckOptions, check
 
 REPO = Path(__file__).resolve().parent.parent
 MATMUL = REPO / "tasks" / "basic" / "level1" / "2_Square_matrix_multiplication_.py"
@@ -69,8 +69,8 @@ def test_a_reference_that_cannot_be_timed_leaves_the_speedup_unverifiable():
 
 
 def test_a_timeout_while_the_reference_is_timed_is_not_the_candidates():
-    from kbverify.runner import _died
-    from kbverify.sandbox import ChildOutcome
+    from kbverify.harness.runner import _died
+    from kbverify.harness.sandbox import ChildOutcome
 
     def timed_out(phase):
         return ChildOutcome(result=None, exit_code=None, timed_out=True, last_phase=phase, output_head="",
@@ -84,9 +84,9 @@ def test_a_timeout_while_the_reference_is_timed_is_not_the_candidates():
 def test_a_death_with_no_phase_is_ours_only_when_a_probe_worker_cannot_start_either(monkeypatch):
     """The phase record is the child's own file, which code in the child can empty: an empty record alone does
     not make a death an infrastructure error."""
-    from kbverify import runner
-    from kbverify.errors import InfrastructureError
-    from kbverify.sandbox import ChildOutcome
+    from kbverify.core.errors import InfrastructureError
+    from kbverify.harness import runner
+    from kbverify.harness.sandbox import ChildOutcome
 
     died = ChildOutcome(result=None, exit_code=3, timed_out=False, last_phase="", output_head="", output_tail="",
                         output_bytes=0, wall_s=1.0)

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from kbverify import rescore as rescore_module
-from kbverify.importers import load_entries
-from kbverify.protocols import ORIGINAL, VERIFIED
-from kbverify.rescore import BuildPlan, LocalExecutor, build_plan, plan_units
-from kbverify.runner import CheckOptions
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.core.protocols import ORIGINAL, VERIFIED
+from kbverify.core.status import Status
+from kbverify.harness.runner import CheckOptions
+from kbverify.rescore import rescore as rescore_module
+from kbverify.rescore.importers import load_entries
+from kbverify.rescore.rescore import BuildPlan, LocalExecutor, build_plan, plan_units
+from kbverify.results.store import Store
 from tests.test_rescore import TASK, write_run
 
 NATIVE = '''import torch
@@ -46,7 +46,7 @@ def write_native_run(root):
 
 
 def test_the_build_plan_runs_a_build_per_free_core():
-    """A build keeps about one core busy (its two units overlap only briefly: kbverify.builds), so the free cores
+    """A build keeps about one core busy (its two units overlap only briefly: kbverify.rescore.builds), so the free cores
     each get a build; a MAX_JOBS above two counts as that many halves of a core per build."""
     for cores in range(1, 65):
         for evaluators in (0, 1, 2, 8):

@@ -1,4 +1,4 @@
-"""kbverify.process_tree: the candidate's whole tree is stopped while the reference's batch runs (corpus
+"""kbverify.timing.process_tree: the candidate's whole tree is stopped while the reference's batch runs (corpus
 exploits/matmul_burners_pad_the_reference_share_from_forks), and continued after, grandchildren included."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from kbverify import process_tree
+from kbverify.timing import process_tree
 
 # A process that forks a grandchild; both spin, so a stopped one is told from a running one by its CPU time.
 _TREE = """

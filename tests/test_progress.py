@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.progress import HEARTBEAT_S, MIN_FINISHED, Progress, Reporter, estimate_left_s, where
+from kbverify.core.progress import HEARTBEAT_S, MIN_FINISHED, Progress, Reporter, estimate_left_s, where
 
 pytestmark = pytest.mark.serial  # it bounds the time between progress lines: alone on the machine (.ci/run)
 
@@ -180,7 +180,7 @@ def test_a_terminal_gets_a_live_bar():
 def test_the_audit_reports_through_the_same_events():
     from types import SimpleNamespace
 
-    from kbverify import jobs
+    from kbverify.cli import jobs
 
     events: list[Progress] = []
     update = jobs._audit_progress(events.append, 2, "cuda:0")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.status import TIMING_WARNINGS, Status, Warn
+from kbverify.core.status import TIMING_WARNINGS, Status, Warn
 
 pytestmark = pytest.mark.serial  # its example prints a measured speed: alone on the machine (.ci/run)
 
@@ -85,7 +85,7 @@ def test_the_check_example_prints_what_the_readme_shows(tmp_path):
 
 def _shown_warnings_only(line: str, want: str) -> str:
     """`line` less the timing warnings it adds after the warnings `want` shows: those come from measured time, as
-    free to differ as the speedup (kbverify.status.TIMING_WARNINGS). Any other added warning is kept, to fail."""
+    free to differ as the speedup (kbverify.core.status.TIMING_WARNINGS). Any other added warning is kept, to fail."""
     head, _, listed = line.partition("  warnings: ")
     printed = listed.split(", ") if listed else []
     shown = want.partition("  warnings: ")[2].split(", ") if "  warnings: " in want else []

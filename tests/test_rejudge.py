@@ -6,13 +6,13 @@ import pytest
 
 import timed_evidence
 from corpus_cases import CORPUS, REPO
-from kbverify.protocols import KBV, VERIFIED
-from kbverify.records import Verdict
+from kbverify.core.protocols import KBV, VERIFIED
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.core.submissions import load_submission
+from kbverify.core.tasks import load_task
+from kbverify.harness.runner import CheckOptions, check
 from kbverify.judge.rejudge import rejudge_verdict
-from kbverify.runner import CheckOptions, check
-from kbverify.status import Status
-from kbverify.submissions import load_submission
-from kbverify.tasks import load_task
 
 FAST = VERIFIED.with_overrides(timing_budget_s=0.2, as_user_set=False)
 OPTIONS = CheckOptions(device="cpu", timeout_s=60)
@@ -60,7 +60,7 @@ def test_a_failure_found_while_timed_is_decided_again_from_its_timing_record():
 def test_sets_never_measured_make_the_verdict_unverifiable_not_passed():
     base = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
                    protocol="kbv", protocol_sha256="", status=Status.PASSED)
-    from kbverify.records import SetResult
+    from kbverify.core.records import SetResult
 
     only_x1 = dataclasses.replace(base, sets=(SetResult("original/x1/default/s0", "original", "x1", "default", 1, True,
                                                         Status.PASSED, errors={"comparison": {"outputs": []}}),))
@@ -69,8 +69,8 @@ def test_sets_never_measured_make_the_verdict_unverifiable_not_passed():
 
 @pytest.mark.slow
 def test_rejudge_into_writes_a_copy_with_the_new_verdicts_and_leaves_the_store_alone(tmp_path):
-    from kbverify.jobs import run_rejudge
-    from kbverify.store import Store
+    from kbverify.cli.jobs import run_rejudge
+    from kbverify.results.store import Store
 
     honest = _check("honest/relu_clamp.py", "tasks/basic/level1/1_ReLU.py")
     marginal = dataclasses.replace(_with_stale_evidence(honest, [1.7e-3]), protocol=FAST.name)
@@ -100,7 +100,7 @@ def _before_the_float64_comparison(verdict: Verdict) -> Verdict:
 
 
 def _one_set(errors: dict, distribution: str = "shifted") -> Verdict:
-    from kbverify.records import SetResult
+    from kbverify.core.records import SetResult
 
     base = Verdict(task="t", task_name="t", level=1, problem_id=1, submission="s", submission_sha256="",
                    protocol="verified", protocol_sha256="", status=Status.PASSED)
@@ -115,7 +115,7 @@ def test_stored_float64_evidence_decides_a_set_the_fp32_reference_fails():
     """From stored numbers alone: a candidate 50× over the limit against the fp32 reference and within it against
     float64 passes; the same record without the float64 comparison (made before it existed, or where float64
     could not be computed) is judged by today's rule, and the set's detail says why where the judge said so."""
-    from kbverify.correctness import EXACT_AVAILABLE
+    from kbverify.judge.correctness import EXACT_AVAILABLE
 
     def part(max_ratio, norm_rel):
         grid = {repr(t): {"max_ratio": max_ratio, "frac_over": 1.0} for t in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)}
@@ -159,9 +159,10 @@ def test_a_forward_that_draws_random_numbers_keeps_todays_rule_and_says_so():
 
 def _verdict_as_check_decides(protocol, candidate: dict, judged: dict, plan) -> Verdict:
     """A verdict made by the judge's own functions, as check makes it, through the store's representation."""
-    from kbverify import evidence, judge
-    from kbverify.records import BuildRecord
-    from kbverify.static import scan
+    from kbverify import judge
+    from kbverify.core import evidence
+    from kbverify.core.records import BuildRecord
+    from kbverify.judge.static import scan
 
     claimed = evidence.from_child(candidate, ran_submission=True, source="candidate", schema=evidence.CANDIDATE_SCHEMA)
     computed = evidence.from_child(judged, ran_submission=False, source="judge", schema=evidence.JUDGE_SCHEMA)
@@ -178,7 +179,7 @@ def _verdict_as_check_decides(protocol, candidate: dict, judged: dict, plan) -> 
 def test_a_set_the_candidate_never_ran_keeps_what_check_made_of_it():
     """After a fatal error the candidate's record leaves the later sets out; check calls them crashed (the whole
     record says why), and a rejudge under the same rules must not read them as a record that hid them."""
-    from kbverify.inputs import plan_input_sets
+    from kbverify.core.inputs import plan_input_sets
 
     plan = plan_input_sets(FAST, [("original", {})], secret="s")
     candidate = {"sets": {plan[0].set_id: {"outputs": {}, "mutated_inputs": [0]}}, "fatal": "CUDA error"}
@@ -193,7 +194,7 @@ def test_a_set_the_candidate_never_ran_keeps_what_check_made_of_it():
 def test_warnings_read_from_the_sets_are_read_again_from_the_sets_kept():
     """baseline_allowance_used, no_valid_input_sets, shape_specialized and fp16_path say what the sets showed:
     a rejudge derives them again (kbverify.judge.decide_sets), as check would, and keeps every other warning."""
-    from kbverify.records import SetResult
+    from kbverify.core.records import SetResult
 
     def sets(valid: bool):
         return tuple(SetResult(f"original/{d}/default/s0", "original", d, "default", 1, valid, Status.PASSED,

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from kbverify.records import Verdict
-from kbverify.repeatability import compare_runs
-from kbverify.status import Status
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.results.repeatability import compare_runs
 
 
 def _verdict(submission: str, speedup: float | None, half_width: float = 0.01, speed_class: str = "faster",

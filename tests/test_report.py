@@ -12,14 +12,14 @@ from html.parser import HTMLParser
 
 import pytest
 
-from kbverify.counting import status_changes
-from kbverify.jobs import tables_by_protocol
-from kbverify.plots import _step_points
-from kbverify.present import shorten
-from kbverify.records import BuildRecord, SetResult, Verdict
-from kbverify.report import render_markdown_summary, write_reports
-from kbverify.status import Status
-from kbverify.summary import P_VALUES, fast_p_table, summarize
+from kbverify.cli.jobs import tables_by_protocol
+from kbverify.core.present import shorten
+from kbverify.core.records import BuildRecord, SetResult, Verdict
+from kbverify.core.status import Status
+from kbverify.report.plots import _step_points
+from kbverify.report.summary import P_VALUES, fast_p_table, summarize
+from kbverify.report.write import render_markdown_summary, write_reports
+from kbverify.results.counting import status_changes
 
 
 def verdict(task: str, protocol: str, status: Status, *, speedup=None, ci=None, claimed=None, level=1,
@@ -387,7 +387,7 @@ def test_shorten_cuts_at_a_word_boundary():
 
 def test_the_fast_p_text_says_what_correct_counts():
     """`rejudge --protocol kbv` printed "10 correct" beside fast_0 54.5%: four correct kernels had no speedup."""
-    from kbverify import present
+    from kbverify.core import present
 
     run = ([verdict(f"{i}_T", "kbv", Status.PASSED, speedup=1.2, ci=(1.1, 1.3)) for i in range(1, 7)]
            + [verdict(f"{i}_T", "kbv", Status.PASSED) for i in range(7, 11)]

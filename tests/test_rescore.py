@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import jobs
-from kbverify import rescore as rescore_module
-from kbverify.importers import load_entries
-from kbverify.protocols import ORIGINAL, VERIFIED, parse_protocols
-from kbverify.rescore import plan_units
-from kbverify.runner import CheckOptions
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.cli import jobs
+from kbverify.core.protocols import ORIGINAL, VERIFIED, parse_protocols
+from kbverify.core.status import Status
+from kbverify.harness.runner import CheckOptions
+from kbverify.rescore import rescore as rescore_module
+from kbverify.rescore.importers import load_entries
+from kbverify.rescore.rescore import plan_units
+from kbverify.results.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER_TIMEOUT_S = 60
@@ -313,8 +313,8 @@ def test_units_left_without_a_verdict_make_the_run_incomplete_and_exit_3(tmp_pat
     said (text, JSON, report title) and must not exit 0; the next run retries those units and completes."""
     from typer.testing import CliRunner
 
-    from kbverify import cli
-    from kbverify.errors import InfrastructureError
+    from kbverify.cli import app as cli
+    from kbverify.core.errors import InfrastructureError
 
     source = write_run(tmp_path / "run", {"1_ReLU": HONEST["1_ReLU"], "2_Double": HONEST["2_Double"]})
     store = tmp_path / "store.sqlite"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.sandbox import run_child
-from kbverify.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES
+from kbverify.harness.sandbox import run_child
+from kbverify.harness.worker_log import OUTPUT_CAP_BYTES, OUTPUT_HEAD_BYTES
 
 
 def _build(source: str, timeout_s: float = 30.0):
@@ -18,7 +18,7 @@ def _build(source: str, timeout_s: float = 30.0):
 
 def test_a_clean_child_reports_its_result():
     outcome = _build("x = 1\n")
-    # its own CPU seconds too (kbverify.builds reports a build's cores); nothing else
+    # its own CPU seconds too (kbverify.rescore.builds reports a build's cores); nothing else
     assert outcome.result == {"ok": True, "error": "", "extensions": outcome.result["extensions"],
                               "cpu_s": outcome.result["cpu_s"]}
     assert isinstance(outcome.result["cpu_s"], float) and outcome.result["cpu_s"] >= 0
@@ -107,7 +107,7 @@ def test_the_worker_server_does_not_hold_the_callers_output_pipes():
     import subprocess
     import sys
 
-    code = ("import os\nfrom multiprocessing import forkserver\nfrom kbverify import sandbox\n"
+    code = ("import os\nfrom multiprocessing import forkserver\nfrom kbverify.harness import sandbox\n"
             "sandbox.start_early(timing=False)\npid = forkserver._forkserver._forkserver_pid\n"
             "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'), os.readlink('/proc/self/fd/1'))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -119,10 +119,10 @@ def test_the_worker_server_does_not_hold_the_callers_output_pipes():
 def test_time_accounts_a_submission_tampers_with_are_dropped_not_a_crash():
     """They are written in the process the submission runs in: the parent keeps numbers only, and a worker whose
     bookkeeping was broken still reports its result."""
-    broken = _build("import kbverify.child.worker as w\nclass Soon:\n    def __round__(self, n):\n        return 'soon'\n"
+    broken = _build("import kbverify.worker.worker as w\nclass Soon:\n    def __round__(self, n):\n        return 'soon'\n"
                     "w._PHASE_SECONDS['zz'] = Soon()\nw._JOB_STARTED = 'x'\n")
     assert broken.result["ok"] is True and broken.job_s is None and broken.phases_s == ()
-    forged = _build("import kbverify.child.worker as w\nw._time_accounts = lambda: {'_phases_s': [['a', 'soon'], 5, "
+    forged = _build("import kbverify.worker.worker as w\nw._time_accounts = lambda: {'_phases_s': [['a', 'soon'], 5, "
                     "['b', 1.5], [3, 2.0]], '_job_s': 'later'}\n")
     assert forged.result["ok"] is True and forged.phases_s == (("b", 1.5),) and forged.job_s is None
     assert "_phases_s" not in forged.result and "_job_s" not in forged.result
@@ -144,7 +144,7 @@ _WATCH_PROBE = """
 import importlib.machinery
 import importlib.util
 import sys
-from kbverify.child.extensions import ExtensionWatch
+from kbverify.worker.extensions import ExtensionWatch
 assert "torch.utils.cpp_extension" not in sys.modules, "imported before the submission asked"
 first, second = ExtensionWatch().install(), ExtensionWatch().install()
 assert "torch.utils.cpp_extension" not in sys.modules, "install() imported it"
@@ -185,7 +185,7 @@ def test_the_extension_watch_waits_for_the_submission_to_import_cpp_extension():
 def test_the_parent_waits_without_spinning_while_a_second_child_outlives_the_first():
     """The parent wakes when a child ends; one that has ended and been collected must not keep waking it (its
     exit sentinel stays ready), or the parent burns a core for as long as the other child runs."""
-    from kbverify.sandbox import ChildSpec, run_children
+    from kbverify.harness.sandbox import ChildSpec, run_children
 
     quick = ChildSpec("build", {"submission_source": "x = 1\n", "device": "cpu"}, timeout_s=30.0)
     slow = ChildSpec("build", {"submission_source": "import time\ntime.sleep(2.0)\n", "device": "cpu"},
@@ -208,10 +208,10 @@ def relu_build_cache(tmp_path_factory) -> Path:
 def test_a_build_lock_left_by_a_killed_worker_does_not_hang_the_next_check(relu_build_cache):
     """torch waits without limit on a `lock` file in an extension's build folder; a worker killed mid-build
     leaves one. The next check of that submission must build and pass, not wait out its timeout and be blamed."""
-    from kbverify.protocols import ORIGINAL
-    from kbverify.runner import CheckOptions, build_env, check
-    from kbverify.submissions import load_submission
-    from kbverify.tasks import load_task
+    from kbverify.core.protocols import ORIGINAL
+    from kbverify.core.submissions import load_submission
+    from kbverify.core.tasks import load_task
+    from kbverify.harness.runner import CheckOptions, build_env, check
 
     repo = Path(__file__).resolve().parent.parent
     task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
@@ -256,12 +256,12 @@ def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that
     """A missing compiler says nothing about the submission: no verdict, and no remembered failure that would fail
     every later check of it. A build whose output only claims a machine failure (the submission writes that output)
     is checked with a probe extension, which builds, so it stays the submission's compile error."""
-    from kbverify import runner
-    from kbverify.errors import InfrastructureError
-    from kbverify.protocols import ORIGINAL
-    from kbverify.runner import CheckOptions, build_env, check
-    from kbverify.submissions import load_submission
-    from kbverify.tasks import load_task
+    from kbverify.core.errors import InfrastructureError
+    from kbverify.core.protocols import ORIGINAL
+    from kbverify.core.submissions import load_submission
+    from kbverify.core.tasks import load_task
+    from kbverify.harness import runner
+    from kbverify.harness.runner import CheckOptions, build_env, check
 
     repo = Path(__file__).resolve().parent.parent
     task = load_task(repo / "tasks/basic/level1/1_ReLU.py")
@@ -294,8 +294,8 @@ def test_a_build_the_machine_cannot_make_is_an_infrastructure_error_and_one_that
 
 def test_a_probe_that_built_is_believed_for_a_while_and_one_that_failed_is_not(monkeypatch):
     """A CPU rescore of CUDA kernels fails each build the same way; one probe build must serve them all."""
-    from kbverify import sandbox, toolchain
-    from kbverify.sandbox import ChildOutcome
+    from kbverify.harness import sandbox, toolchain
+    from kbverify.harness.sandbox import ChildOutcome
 
     probes = []
 
@@ -329,10 +329,10 @@ def test_a_script_that_calls_check_unguarded_runs_once(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     script = tmp_path / "mine.py"
     script.write_text(
-        "from kbverify.protocols import VERIFIED\n"
-        "from kbverify.runner import CheckOptions, check\n"
-        "from kbverify.submissions import make_submission\n"
-        "from kbverify.tasks import parse_task\n"
+        "from kbverify.core.protocols import VERIFIED\n"
+        "from kbverify.harness.runner import CheckOptions, check\n"
+        "from kbverify.core.submissions import make_submission\n"
+        "from kbverify.core.tasks import parse_task\n"
         "print('top level ran', flush=True)\n"
         "TASK = '''\nimport torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
         "    def forward(self, a):\n        return torch.relu(a)\n"
@@ -355,7 +355,7 @@ def test_two_jobs_of_one_submission_at_once_can_both_write_its_build_folders(tmp
     run at once (its `original` and `verified` units side by side). The second to start must not take those folders
     from the first: a job that took them to its own uid left the first unable to write its own files (inductor's
     locks: an honest torch.compile kernel read `runtime_error`)."""
-    from kbverify import confine
+    from kbverify.harness import confine
 
     shared, started = tmp_path / "builds", tmp_path / "builds" / "second-started"
     env = {name: str(shared) for name in confine.BUILD_FOLDERS}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import confine
-from kbverify.sandbox import run_child
+from kbverify.harness import confine
+from kbverify.harness.sandbox import run_child
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -63,7 +63,7 @@ def test_the_scratch_home_and_gettempdir_are_bounded_too(monkeypatch):
 
 
 def test_a_build_folder_over_its_bound_is_emptied_and_the_job_blamed(monkeypatch, tmp_path):
-    from kbverify import disk_bound
+    from kbverify.harness import disk_bound
 
     monkeypatch.setenv(disk_bound.LIMIT_ENV, str(2 * MiB))
     build = tmp_path / "build"
@@ -102,10 +102,10 @@ class ModelNew(nn.Module):
 def test_a_kernel_that_fills_its_tmp_fails_on_its_own_account(monkeypatch, size, expected):
     """Past the bound, the forward's write fails (ENOSPC) and the verdict is the candidate's; the same kernel
     writing a little passes (its honest twin)."""
-    from kbverify.protocols import VERIFIED
-    from kbverify.runner import CheckOptions, check
-    from kbverify.submissions import make_submission
-    from kbverify.tasks import load_task
+    from kbverify.core.protocols import VERIFIED
+    from kbverify.core.submissions import make_submission
+    from kbverify.core.tasks import load_task
+    from kbverify.harness.runner import CheckOptions, check
 
     monkeypatch.setenv(confine.TMPFS_SIZE_ENV, "32m")
     probe = run_child("build", {"submission_source": "x = 1\n", "device": "cpu"}, timeout_s=60)

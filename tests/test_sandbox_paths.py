@@ -188,7 +188,7 @@ def test_a_cpp_extension_builds_and_passes_from_a_venv_under_tmp(under_tmp):
 # --- a sandbox that cannot be built ------------------------------------------------------------------------------
 
 REFUSE = """import errno, sys
-from kbverify import confine
+from kbverify.harness import confine
 
 
 def refuse(path, root, copy):  # as a mount the kernel refuses would
@@ -225,7 +225,7 @@ def test_a_sandbox_that_cannot_be_built_runs_nothing_and_exits_3_naming_the_path
 
 
 def test_a_tmpdir_below_tmp_is_no_private_root_of_its_own(monkeypatch, tmp_path):
-    from kbverify import confine
+    from kbverify.harness import confine
 
     below = _under_tmp(tmp_path) / "tmp"
     below.mkdir()

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from kbverify.errors import InputError
-from kbverify.score import (
+from kbverify.core.errors import InputError
+from kbverify.results.score import (
     ScoreRow,
     format_table_markdown,
     read_kernelbench_eval,

@@ -1,4 +1,4 @@
-from kbverify.static import classify_build_error, scan
+from kbverify.judge.static import classify_build_error, scan
 
 
 def test_native_extension_and_kernel_names_are_found():

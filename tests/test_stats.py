@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.signal import lfilter
 
-from kbverify import stats
-from kbverify.stats import SpeedupEstimate
+from kbverify.core import stats
+from kbverify.core.stats import SpeedupEstimate
 
 times = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
 blocks = st.lists(times, min_size=1, max_size=5)
@@ -291,7 +291,7 @@ def test_coverage_with_adaptive_stopping_drift_and_autocorrelated_noise(truth, p
 
 
 def test_stats_does_not_import_torch():
-    code = "import sys, kbverify.stats; assert 'torch' not in sys.modules"
+    code = "import sys, kbverify.core.stats; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

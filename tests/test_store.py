@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from kbverify.errors import InputError
-from kbverify.records import SetResult, Verdict
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.core.errors import InputError
+from kbverify.core.records import SetResult, Verdict
+from kbverify.core.status import Status
+from kbverify.results.store import Store
 
 MACHINE = {"gpu_model": "H200", "driver": "580", "cuda": "13.0", "torch": "2.11"}
 
@@ -81,7 +81,7 @@ def _planned(task="level1/t", sample=0, protocol="verified"):
 def test_a_run_with_another_version_of_a_stored_unit_is_refused_and_nothing_is_written(tmp_path):
     """A second rescore of other kernels (or another task file, or a protocol file reusing a name) into a store once
     left `score` and `report` failing with "the same sample id appears more than once"."""
-    from kbverify.store import StoreConflict
+    from kbverify.results.store import StoreConflict
 
     path = tmp_path / "s.sqlite"
     with Store(path) as store:
@@ -162,8 +162,8 @@ def test_another_programs_database_is_refused_and_left_untouched(tmp_path):
 def test_a_new_store_carries_its_format_version_and_its_records_theirs(tmp_path):
     import sqlite3
 
-    from kbverify.records import RECORD_VERSION
-    from kbverify.store import STORE_VERSION
+    from kbverify.core.records import RECORD_VERSION
+    from kbverify.results.store import STORE_VERSION
 
     path = tmp_path / "s.sqlite"
     with Store(path) as store:
@@ -199,7 +199,7 @@ def test_a_store_or_a_record_of_a_newer_format_is_refused_in_one_line(tmp_path):
     import sys
     from pathlib import Path
 
-    from kbverify.store import STORE_VERSION
+    from kbverify.results.store import STORE_VERSION
 
     path = tmp_path / "new.sqlite"
     with Store(path) as store:

@@ -1,4 +1,4 @@
-"""Does a tasks folder fit the source it is given for (`kbverify.task_match`): found tasks, and kernels whose
+"""Does a tasks folder fit the source it is given for (`kbverify.rescore.task_match`): found tasks, and kernels whose
 ModelNew can take what the task gives Model, read from the sources alone."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.errors import InputError
-from kbverify.importers import load_entries
-from kbverify.task_match import call_misfit, require_tasks_fit
+from kbverify.core.errors import InputError
+from kbverify.rescore.importers import load_entries
+from kbverify.rescore.task_match import call_misfit, require_tasks_fit
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "examples" / "published_run"

@@ -1,4 +1,4 @@
-"""A task that cannot run by itself is the task's problem (`kbverify.task_probe`), never a verdict on a kernel:
+"""A task that cannot run by itself is the task's problem (`kbverify.harness.task_probe`), never a verdict on a kernel:
 `check` ends with exit 2 naming the task, `rescore` stores `unverifiable` with the task's error."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import sandbox, task_probe
-from kbverify.errors import InfrastructureError, TaskError
-from kbverify.records import Verdict
-from kbverify.runner import CheckOptions
-from kbverify.sandbox import ChildOutcome
-from kbverify.status import Status
-from kbverify.submissions import make_submission
-from kbverify.tasks import parse_task
+from kbverify.core.errors import InfrastructureError, TaskError
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import parse_task
+from kbverify.harness import sandbox, task_probe
+from kbverify.harness.runner import CheckOptions
+from kbverify.harness.sandbox import ChildOutcome
 
 REPO = Path(__file__).resolve().parent.parent
 TASK_SOURCE = '''import torch
@@ -129,9 +129,9 @@ def test_only_the_tasks_own_failure_is_blamed_on_it(probes, probe, blamed):
 
 
 def test_rescore_stores_a_broken_tasks_unit_as_unverifiable(probes, monkeypatch):
-    from kbverify import rescore
-    from kbverify.importers import Entry
-    from kbverify.protocols import ORIGINAL
+    from kbverify.core.protocols import ORIGINAL
+    from kbverify.rescore import rescore
+    from kbverify.rescore.importers import Entry
 
     queued, _ = probes
     queued.append(outcome({"ok": False, "error": "ValueError: no inputs today"}))

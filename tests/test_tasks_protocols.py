@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from kbverify.errors import InputError
-from kbverify.inputs import kernelbench_trial_seeds, plan_input_sets
-from kbverify.protocols import ORIGINAL, VERIFIED, get_protocol, parse_protocols
-from kbverify.tasks import load_task, load_task_dir, parse_task
+from kbverify.core.errors import InputError
+from kbverify.core.inputs import kernelbench_trial_seeds, plan_input_sets
+from kbverify.core.protocols import ORIGINAL, VERIFIED, get_protocol, parse_protocols
+from kbverify.core.tasks import load_task, load_task_dir, parse_task
 
 TASK = """
 import torch
@@ -82,7 +82,7 @@ def test_the_verified_plan_covers_every_distribution_shape_and_weight_regime():
     plan = plan_input_sets(VERIFIED, shapes, secret="s")
     per_shape = VERIFIED.trials * len(VERIFIED.distributions)
     # one set of fresh weights per hidden shape, the regimes in turn
-    # and one set run as a user calls it (kbverify.child.as_user)
+    # and one set run as a user calls it (kbverify.worker.as_user)
     assert len(plan) == 3 * per_shape + VERIFIED.trials * (len(VERIFIED.rerandomized_distributions)
                                                             + len(VERIFIED.loaded_distributions) + 2) + 1
     assert {s.distribution for s in plan} == set(VERIFIED.distributions)
@@ -131,7 +131,7 @@ def test_a_protocol_file_leaves_the_as_user_set_out_and_names_the_change_in_its_
 def test_a_protocol_file_can_set_every_field_to_its_presets_value(tmp_path, preset):
     """The file loader checks each field's type and range; a field it did not know how to check would be
     unloadable (or worse, unchecked): every field, written back as it stands, must load to the same protocol."""
-    from kbverify.protocols import PRESETS
+    from kbverify.core.protocols import PRESETS
 
     fields = {key: list(value) if isinstance(value, tuple) else value
               for key, value in PRESETS[preset].to_dict().items()}

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kbverify.protocols import VERIFIED
-from kbverify.runner import CheckOptions, check
-from kbverify.submissions import make_submission
-from kbverify.tasks import parse_task
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.submissions import make_submission
+from kbverify.core.tasks import parse_task
+from kbverify.harness.runner import CheckOptions, check
 from kbverify.judge.timing import driven_rounds
 
 pytestmark = pytest.mark.serial  # its verdicts are measured speeds: alone on the machine (.ci/run)
@@ -119,7 +119,7 @@ def test_doing_the_work_twice_measures_as_half_the_speed():
 
 
 def test_no_round_starts_that_would_end_past_the_budget():
-    from kbverify.timing_control import no_time_for_another_round as _no_time_for_another_round
+    from kbverify.timing.timing_control import no_time_for_another_round as _no_time_for_another_round
 
     assert not _no_time_for_another_round(1.0, 10, 2.0)  # 0.1 s rounds: room for more
     assert not _no_time_for_another_round(1.9, 19, 2.0)  # the next one ends at 2.0 exactly
@@ -136,7 +136,7 @@ def test_the_same_work_measures_as_the_same_speed():
 
 
 def _bare_cover():
-    from kbverify.child.timed_call import Cover
+    from kbverify.worker.timed_call import Cover
 
     cover = object.__new__(Cover)  # no device to calibrate against on the CPU: the length rule alone
     cover.probing, cover.host_ms, cover.fixed_ms, cover.cycles_per_ms = True, [], Cover.CAP_MS, 1.0
@@ -199,7 +199,7 @@ def test_a_forward_that_always_waits_on_the_device_keeps_the_hold_at_its_floor()
 def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
     import torch
 
-    from kbverify.child.timing_sides import Side
+    from kbverify.worker.timing_sides import Side
 
     side = Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     seen_fresh = seen_refilled = False
@@ -224,7 +224,7 @@ def test_each_call_gets_its_own_tensors_or_the_previous_calls_refilled():
 def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_tensors():
     import torch
 
-    from kbverify.child.timing_sides import Side
+    from kbverify.worker.timing_sides import Side
 
     side = Side("ref", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     side.place([torch.zeros(4)])
@@ -241,7 +241,7 @@ def test_placement_jitter_allocates_a_spacer_of_varying_size_before_each_calls_t
 def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
     import torch
 
-    from kbverify.child.timing_sides import Side
+    from kbverify.worker.timing_sides import Side
 
     side = Side("cand", torch.nn.Identity(), {}, torch.device("cpu"), "secret", grad=False)
     x = torch.randn(4, 4)
@@ -254,7 +254,7 @@ def test_aliased_inputs_and_parameters_go_to_the_call_as_drawn():
 def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
     import torch
 
-    from kbverify.child.timing_sides import own_storages, poison
+    from kbverify.worker.timing_sides import own_storages, poison
 
     model = torch.nn.Linear(3, 2)
     fresh = torch.ones(2, 2)
@@ -266,7 +266,7 @@ def test_poison_spares_a_tensor_the_model_owns_and_fills_the_rest():
 def test_the_checked_calls_are_a_uniform_sample_of_the_whole_run():
     import random
 
-    from kbverify.timing_control import STALE_CHECKS, Reservoir
+    from kbverify.timing.timing_control import STALE_CHECKS, Reservoir
 
     calls, early_half = 1000, 0
     for trial in range(5):
@@ -306,13 +306,13 @@ class ModelNew(nn.Module):
 
 
 def test_work_hidden_in_a_returned_containers_iter_is_timed():
-    from kbverify.submissions import make_submission
+    from kbverify.core.submissions import make_submission
 
     verdict = check(parse_task(TASK, name="1_TanhMatmul", level=1, problem_id=1),
                     make_submission(LAZY_LIST.replace("torch.matmul(a, b, out=self[0])",
                                                       "torch.tanh(a @ b, out=self[0])"), id="lazy.py"),
                     PROTOCOL, CheckOptions(device="cpu", timeout_s=120))
-    # a list subclass where the reference returns a tensor is another structure (kbverify.output_structure);
+    # a list subclass where the reference returns a tensor is another structure (kbverify.core.output_structure);
     # where a container passes, the work in its __iter__ is inside the clock (before, it stopped first: 86x)
     assert verdict.status.value in ("shape_mismatch", "passed"), verdict.message
     assert verdict.status.value == "shape_mismatch" or verdict.speedup < 1.5

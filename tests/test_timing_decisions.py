@@ -11,11 +11,11 @@ import pytest
 
 import timed_evidence
 
-from kbverify import stats
-from kbverify.protocols import VERIFIED
-from kbverify.records import Verdict
-from kbverify.runner import decide_timing
-from kbverify.status import Status, Warn
+from kbverify.core import stats
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status, Warn
+from kbverify.harness.runner import decide_timing
 
 
 def _rounds(ref_ms: float, cand_ms: float, n: int = 30, seed: int = 0) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The timing mode and the two clocks, decided from raw records alone (no GPU needed; kbverify.timing_modes).
+"""The timing mode and the two clocks, decided from raw records alone (no GPU needed; kbverify.timing.timing_modes).
 
 A forward that waits on the device inside its call is detected (the hold probe, or a device time above its own
 host-kind time) and then both sides are timed without the hold; every verdict carries both clocks; no verdict
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify import timing_modes
-from kbverify.protocols import VERIFIED
-from kbverify.records import Verdict
-from kbverify.runner import decide_timing
-from kbverify.status import Status
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.harness.runner import decide_timing
+from kbverify.timing import timing_modes
 
 HARNESS_MS = 0.3  # per call, what the parent's clock sees beyond the worker's times (both sides alike)
 HOLD_MS = 0.5
@@ -106,7 +106,7 @@ def test_a_blocked_candidate_puts_both_sides_on_the_host_clock():
 
 
 def test_sync_mode_drops_the_warnings_about_host_time_the_device_clock_leaves_out():
-    from kbverify.status import Warn
+    from kbverify.core.status import Warn
 
     record = _verdict(_rounds(ref=(0.10, 0.112), cand=(0.446, 0.074)))
     interleaved = {**record.timing["interleaved"], "uncovered_calls": {"ref": 0, "cand": 120},
@@ -189,7 +189,7 @@ def test_a_candidate_that_fakes_blocking_gains_on_neither_clock():
     assert faked_clocks["device"]["speedup"] <= honest_clocks["device"]["speedup"]
     assert faked_clocks["host"]["speedup"] == pytest.approx(honest_clocks["host"]["speedup"], rel=0.03)
     # and the fast_p tables read a named clock, never the headline
-    from kbverify.clocks import clock_view
+    from kbverify.timing.clocks import clock_view
 
     for clock in ("device", "host"):
         assert clock_view(faked, clock).speedup <= clock_view(honest, clock).speedup * 1.03
@@ -247,7 +247,7 @@ def _unconfirmed_host_copy_rounds(n: int = 30, seed: int = 3) -> list[dict]:
 
 
 def test_an_unconfirmed_device_clock_is_capped_at_the_host_wall_too():
-    from kbverify.status import Warn
+    from kbverify.core.status import Warn
 
     probe = {"ref": _probe(False), "cand": _probe(True)}
     verdict = decide_timing(_verdict(_unconfirmed_host_copy_rounds(), probe=probe), VERIFIED)
@@ -291,7 +291,7 @@ def test_an_unconfirmed_clock_is_the_parents_less_the_harness_not_the_harness_it
     """The H200's level1/12 (a broadcast multiply for diag(A) @ B) was `device_time_unconfirmed` once: the
     parent's wall per call, harness included, read it 1.12x where its confirmed run read 6.28x. Less the harness
     the reference's own batches show, the candidate's time is what its batches really took beyond it."""
-    from kbverify.status import Warn
+    from kbverify.core.status import Warn
 
     true_speedup = 0.343 / 0.055
     rounds = _unexplained_rounds(0.343, 0.055 + 0.02, 0.055, ref_harness_ms=1.5)
@@ -396,7 +396,7 @@ def test_a_blocked_candidate_that_shrinks_its_times_is_not_confirmed():
 def test_no_candidate_is_credited_more_than_the_threshold_on_either_clock(shrink_ms, true_ms, seed, blocked):
     """Whatever it claims, and whether or not it says it blocks, a candidate's credited time on either clock is at
     least its true time less the usual threshold (10% of its claim, at least 5 us): past that, the parent's."""
-    from kbverify.clocks import clock_view
+    from kbverify.timing.clocks import clock_view
 
     claim = max(true_ms - shrink_ms, 0.01)
     exposure = KERNEL_EXPOSURE_MS if blocked else {"host": 0.0, "device": 0.0}
@@ -419,7 +419,7 @@ def test_work_left_past_a_blocked_call_is_still_unsynchronized():
     """The settle gap is the device's time after the end event beyond the harness's own. After a blocked call the
     device is idle, so the host's latency before the harness enqueued its next event counted too (0.051 ms
     against the reference's 0.027 on an H100: an honest kernel read `exploit:unsynchronized`); that event is now
-    enqueued right after the end event (kbverify.child.timed_call). Work really left running still shows."""
+    enqueued right after the end event (kbverify.worker.timed_call). Work really left running still shows."""
     assert _blocked_with_gaps(0.03).status is Status.PASSED
     deferred = _blocked_with_gaps(0.3)
     assert deferred.status is Status.EXPLOIT_UNSYNCHRONIZED, deferred.message
@@ -447,7 +447,7 @@ def test_the_clean_reference_is_compared_distribution_by_distribution(requested)
     shares: here the reference costs twice as much on `wide` values, the run beside the candidate has them half
     the time, the clean process one round in five. Pooled, the reference beside the candidate read 1.5x slower
     than the clean one: `reference_slowed`, the A/A taken against the clean time (0.67x), its interval widened."""
-    from kbverify.status import Warn
+    from kbverify.core.status import Warn
 
     costs = {"x1": (0.10, 0.12), "wide": (0.20, 0.22)}
     beside = _costed_rounds(costs, ["x1", "wide"] * 20, seed=1)
@@ -479,7 +479,7 @@ def test_no_verdict_reports_a_device_time_above_its_host_time_after_the_clean_re
 
 
 def test_the_device_clock_is_lowered_to_the_host_time_where_the_adjustments_cross():
-    from kbverify.stats import SpeedupEstimate
+    from kbverify.core.stats import SpeedupEstimate
     from kbverify.judge.timing import _within_host
 
     device = (SpeedupEstimate(2.0, 1.9, 2.1, 20, "order_statistic"), 0.20, 0.10)

@@ -3,7 +3,7 @@ threshold of the confirmation was raised by what the reference's harness-authore
 and the settle-gap guard was given the copy's excess. Both allowances went to whoever said it blocked (evidence
 its own process makes): they were removed, each clock is judged on its own kind's batches everywhere, and the
 harness's own work after a call no longer differs between a blocked side and one that is not
-(kbverify.child.timed_call). The cases below stand as tests of that.
+(kbverify.worker.timed_call). The cases below stand as tests of that.
 
 What the candidate's worker reports (its per-call times, the hold probe, the settle gaps) is the attacker's; the
 parent's walls and the blocked copy's record are not. Synthetic records, the helpers of tests/test_timing_modes.py.
@@ -18,10 +18,10 @@ import random
 import pytest
 from test_timing_modes import KERNEL_EXPOSURE_MS, _clean, _probe, _unexplained_rounds, _verdict, _with_exposure
 
-from kbverify.clocks import clock_view
-from kbverify.protocols import VERIFIED
-from kbverify.runner import decide_timing
-from kbverify.status import Status
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status
+from kbverify.harness.runner import decide_timing
+from kbverify.timing.clocks import clock_view
 
 REF_MS = 0.15
 

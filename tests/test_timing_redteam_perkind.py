@@ -47,11 +47,11 @@ import random
 import pytest
 from test_timing_modes import _clean, _probe, _unexplained_rounds, _verdict
 
-from kbverify.clocks import clock_view
-from kbverify.protocols import VERIFIED
-from kbverify.runner import decide_timing
-from kbverify.rules import DEFAULT_RULES
-from kbverify.timing_control import side_key
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.rules import DEFAULT_RULES
+from kbverify.harness.runner import decide_timing
+from kbverify.timing.clocks import clock_view
+from kbverify.timing.timing_control import side_key
 
 REF_MS = 0.15
 TRUE_MS = 0.10
@@ -134,7 +134,7 @@ def _one_long_round(claim_ms: float) -> list:
 
 def test_the_budget_rule_ends_the_rounds_after_one_long_first_round():
     """The mechanism of (2): the parent starts no round that would, at the pace so far, end past the budget."""
-    from kbverify.timing_control import no_time_for_another_round
+    from kbverify.timing.timing_control import no_time_for_another_round
 
     assert no_time_for_another_round(1.2, 1, 2.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from kbverify.child.extensions import triton_kernels_run
+from kbverify.worker.extensions import triton_kernels_run
 
 
 def _fake_triton(monkeypatch):

@@ -1,16 +1,16 @@
-"""Re-randomised weights through the candidate's own load_state_dict (kbverify.child.construct): which names
+"""Re-randomised weights through the candidate's own load_state_dict (kbverify.worker.construct): which names
 they go under, what counts as the candidate refusing them, and what is redrawn."""
 
 import pytest
 import torch
 import torch.nn as nn
 
-from kbverify.child.construct import WeightsRefused, load_weights, names_of
-from kbverify.child.evaluate import rerandomized_state
+from kbverify.core.protocols import KBV, VERIFIED
+from kbverify.core.records import SetResult
+from kbverify.core.status import Status
 from kbverify.judge.rejudge import _wanted
-from kbverify.protocols import KBV, VERIFIED
-from kbverify.records import SetResult
-from kbverify.status import Status
+from kbverify.worker.construct import WeightsRefused, load_weights, names_of
+from kbverify.worker.evaluate import rerandomized_state
 
 
 class Reference(nn.Module):
@@ -160,7 +160,7 @@ def test_every_parameter_is_redrawn_whatever_its_values_and_buffers_of_0_1_stay_
 
 
 def test_construction_never_hands_the_candidates_load_machinery_a_partial_state():
-    from kbverify.child.construct import construct_candidate
+    from kbverify.worker.construct import construct_candidate
 
     seen = []
 

@@ -1,5 +1,5 @@
-"""Records of the timed-output check (kbverify.child.timing_check) made from real comparisons, for the judge's
-table tests: each call's evidence is `kbverify.correctness.summarize` of a reference tensor against a candidate a
+"""Records of the timed-output check (kbverify.worker.timing_check) made from real comparisons, for the judge's
+table tests: each call's evidence is `kbverify.judge.correctness.summarize` of a reference tensor against a candidate a
 given norm-wise error away, as the checking worker writes it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from kbverify.correctness import summarize
+from kbverify.judge.correctness import summarize
 
 ELEMENTS = 4096
 

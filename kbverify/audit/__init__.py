@@ -1,6 +1,6 @@
 """`kbverify audit`: find tasks whose reference makes a score meaningless before they inflate one (SPEC §6).
 
-One sandboxed child per task (`kbverify.child.audit_worker`, started by `kbverify.audit.run`) runs the reference over seeds × distributions × both
+One sandboxed child per task (`kbverify.worker.audit_worker`, started by `kbverify.audit.run`) runs the reference over seeds × distributions × both
 weight regimes (× hidden shapes) and returns raw numbers; `kbverify.audit.judge` applies the thresholds, so thresholds
 are data, written into every report, and a partial file can be re-judged under other thresholds.
 

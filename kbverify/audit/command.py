@@ -21,10 +21,10 @@ from kbverify.audit.published import compare_with_published
 from kbverify.audit.records import AuditReport
 from kbverify.audit.report import audit_to_json_summary, summary_lines
 from kbverify.audit.run import audit_tasks
-from kbverify.errors import InputError
-from kbverify.mps import MpsState
-from kbverify.protocols import parse_protocols
-from kbverify.tasks import Task, load_task_dir
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import parse_protocols
+from kbverify.core.tasks import Task, load_task_dir
+from kbverify.harness.mps import MpsState
 
 log = logging.getLogger(__name__)
 

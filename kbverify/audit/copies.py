@@ -5,7 +5,7 @@ slow task does not hold back a fixed share of the others; their partial files ar
 `OUT.partial.jsonl`. Memory decides what runs together: the copies take tasks largest need first
 (`kbverify.audit.memory`), and a copy starts a task only when the needs in flight on its GPU plus this one fit the
 budget (`kbverify.audit.admission`); one that does not fit now is deferred and tried again, first, whenever the
-copy is free. The copies on a GPU share it through a private MPS daemon (`kbverify.mps`), so their kernels run
+copy is free. The copies on a GPU share it through a private MPS daemon (`kbverify.harness.mps`), so their kernels run
 side by side instead of taking turns; without one they take turns, and the reason is logged.
 """
 
@@ -31,9 +31,9 @@ import kbverify
 from kbverify.audit.admission import MemoryLedger
 from kbverify.audit.options import AuditOptions
 from kbverify.audit.partial import finished_keys, merge_partials, raw_path
-from kbverify.mps import MpsState, private_mps
-from kbverify.protocols import parse_protocols
-from kbverify.tasks import Task
+from kbverify.core.protocols import parse_protocols
+from kbverify.core.tasks import Task
+from kbverify.harness.mps import MpsState, private_mps
 
 log = logging.getLogger(__name__)
 

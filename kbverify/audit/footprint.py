@@ -1,7 +1,7 @@
 """How much device memory auditing a task needs, estimated without allocating any (parent side).
 
 The task's model, inputs and forward run on the `meta` device inside sandboxed children, each for a batch of
-tasks (`kbverify.child.footprint_worker`): the parent never executes task code. The audit holds several copies of
+tasks (`kbverify.worker.footprint_worker`): the parent never executes task code. The audit holds several copies of
 those tensors at once (see AUDIT_MEMORY_FACTOR), so the estimate is the measured bytes times that factor.
 """
 
@@ -11,8 +11,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kbverify.sandbox import ChildSpec, run_children
-from kbverify.tasks import Task
+from kbverify.core.tasks import Task
+from kbverify.harness.sandbox import ChildSpec, run_children
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from kbverify.audit.protocols import covers, every_distribution, judged_protocols, read_by_mostly
 from kbverify.audit.records import INPUT_INDEPENDENT_KERNELS, AuditThresholds, TaskAudit
-from kbverify.correctness import judge_set
-from kbverify.protocols import ALL_DISTRIBUTIONS, Protocol
-from kbverify.tasks import Task
+from kbverify.core.protocols import ALL_DISTRIBUTIONS, Protocol
+from kbverify.core.tasks import Task
+from kbverify.judge.correctness import judge_set
 
 
 def task_identifier(name: str, level: int | None) -> str:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from kbverify.audit.footprint import Footprint, audit_need_bytes, estimate_footprints, recorded_peaks
 from kbverify.audit.options import AuditOptions
-from kbverify.errors import InputError
-from kbverify.provenance import gpu_model
-from kbverify.sandbox import start_early
-from kbverify.tasks import Task
+from kbverify.core.errors import InputError
+from kbverify.core.tasks import Task
+from kbverify.harness.provenance import gpu_model
+from kbverify.harness.sandbox import start_early
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def memory_needs(options: AuditOptions, tasks: Sequence[Task]) -> dict:
     # The estimate runs on the CPU's meta device either way; a CUDA child also reports the GPU's total memory.
     probe_device = "cuda:0" if options.on_cuda and budget is None and not options.estimate_only else "cpu"
     started = time.monotonic()
-    start_early(timing=False)  # the estimates' children never time anything (kbverify.sandbox.TIMING_PRELOAD)
+    start_early(timing=False)  # the estimates' children never time anything (kbverify.harness.sandbox.TIMING_PRELOAD)
     cached = _read_footprints(options.footprints)
     missing = [t for t in tasks if t.sha256 not in cached]
     if missing or budget is None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from kbverify.audit.footprint import AUDIT_MEMORY_FACTOR
 from kbverify.audit.partial import settings_fingerprint
 from kbverify.audit.records import AuditSettings
-from kbverify.errors import InputError
-from kbverify.protocols import parse_protocols
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import parse_protocols
 
 # With admission, memory no longer caps the copies: the host's cores and the GPU's SMs do. The H200 machine has
 # 16 cores; 250 tasks at ~26 s of worker time each need ten or more copies busy to finish in ten minutes, and ten

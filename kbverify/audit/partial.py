@@ -12,7 +12,7 @@ from pathlib import Path
 from kbverify import __version__
 from kbverify.audit.protocols import resolve_protocols, with_identity_variants
 from kbverify.audit.records import AuditSettings
-from kbverify.protocols import Protocol
+from kbverify.core.protocols import Protocol
 
 
 def settings_fingerprint(*, protocols: Sequence[Protocol | str], device: str,

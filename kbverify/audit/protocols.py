@@ -1,5 +1,5 @@
 """Protocols as the audit sees them: which input sets a protocol covers, and the variants null kernels are judged
-by. Pure, shared by the parent and the audit's child side (`kbverify.child.audit_worker`)."""
+by. Pure, shared by the parent and the audit's child side (`kbverify.worker.audit_worker`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from kbverify.audit.records import AuditSettings
-from kbverify.errors import InputError
-from kbverify.protocols import Protocol, get_protocol
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import Protocol, get_protocol
 
 
 def covers(protocol: Protocol, shape: str, distribution: str, weights: str) -> bool:

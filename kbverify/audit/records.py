@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kbverify import __version__
-from kbverify.errors import InputError
-from kbverify.inputs import KERNELBENCH_SEED, kernelbench_trial_seeds
-from kbverify.protocols import ALL_DISTRIBUTIONS
+from kbverify.core.errors import InputError
+from kbverify.core.inputs import KERNELBENCH_SEED, kernelbench_trial_seeds
+from kbverify.core.protocols import ALL_DISTRIBUTIONS
 
 FORMAT = "kbverify-audit/1"
 NEAR_ATOLS = (1e-2, 1e-3)  # the worker counts elements within these of 0 and of the mean

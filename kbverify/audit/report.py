@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kbverify.audit.partial import write_atomically
 from kbverify.audit.records import ALWAYS_DEGENERATE, FORMAT, INPUT_INDEPENDENT_KERNELS, REPORTED_ONLY, AuditReport
-from kbverify.errors import InputError
+from kbverify.core.errors import InputError
 
 
 def write_report(report: AuditReport, out_prefix: str | Path) -> tuple[Path, Path]:

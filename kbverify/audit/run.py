@@ -1,4 +1,4 @@
-"""Running the audit: one sandboxed child per task (`kbverify.child.audit_worker`), its raw numbers appended to
+"""Running the audit: one sandboxed child per task (`kbverify.worker.audit_worker`), its raw numbers appended to
 the partial file and judged by `kbverify.audit.judge`."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from kbverify.audit.partial import append_line, partial_lines, raw_path, read_pa
 from kbverify.audit.protocols import null_kernel_protocols, resolve_protocols, with_identity_variants
 from kbverify.audit.records import AuditReport, AuditSettings, AuditThresholds, TaskAudit
 from kbverify.audit.report import write_report
-from kbverify.errors import InputError
-from kbverify.protocols import Protocol
-from kbverify.sandbox import run_child, start_early
-from kbverify.tasks import Task, load_task_dir
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import Protocol
+from kbverify.core.tasks import Task, load_task_dir
+from kbverify.harness.sandbox import run_child, start_early
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _committed_shapes(task: Task, worker_settings: dict) -> list[dict] | None:
     on the command line (often relative) mean nothing. None: no manifest, the worker generates shapes."""
     if not worker_settings.get("hidden_shapes"):
         return None
-    from kbverify import hidden
+    from kbverify.shapes import hidden
 
     try:
         shapes = hidden.committed_shapes(task, worker_settings.get("hidden_dirs", []))

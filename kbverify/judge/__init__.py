@@ -1,5 +1,5 @@
-"""The judge: the only code that assigns a status. Evidence (kbverify.evidence) and a protocol (with its rules,
-kbverify.rules) in, a verdict out, by the same functions for `check`, `rescore` and `rejudge`. Pure: nothing here
+"""The judge: the only code that assigns a status. Evidence (kbverify.core.evidence) and a protocol (with its rules,
+kbverify.core.rules) in, a verdict out, by the same functions for `check`, `rescore` and `rejudge`. Pure: nothing here
 imports torch, the child side, or anything that starts a process, so a verdict can be decided again from a store
 on any machine (tests/unit/judge replays every stored GPU store).
 
@@ -13,7 +13,7 @@ on any machine (tests/unit/judge replays every stored GPU store).
 
 What the runner still finds out itself needs a process: whether a worker starts on this machine at all (a probe,
 before `death` may blame a child that died without a phase), and whether a failed build is the machine's
-(`kbverify.toolchain`). The runner asks; these rules decide.
+(`kbverify.harness.toolchain`). The runner asks; these rules decide.
 """
 
 from kbverify.judge.build import build_record, code_path_warnings, isolation

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kbverify.records import BuildRecord
-from kbverify.static import StaticScan, classify_build_error
-from kbverify.status import Warn
+from kbverify.core.records import BuildRecord
+from kbverify.core.status import Warn
+from kbverify.judge.static import StaticScan, classify_build_error
 
 
 def build_record(static: StaticScan, extensions: dict | None) -> BuildRecord:

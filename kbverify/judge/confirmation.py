@@ -1,5 +1,5 @@
 """Whether the parent's clock confirms the timing worker's own times (SPEC §5): the judge's reading of the rounds
-the parent drove (kbverify.timing_control). Pure, no torch; thresholds from the protocol's rules (kbverify.rules).
+the parent drove (kbverify.timing.timing_control). Pure, no torch; thresholds from the protocol's rules (kbverify.core.rules).
 
 The worker that times runs submission code, so its times are claims. The parent's wall time around each batch is
 observed. What a side's claims leave of that wall unexplained is the same for both sides of an honest kernel; a
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from kbverify.rules import Rules
-from kbverify.timing_control import KINDS, side_key
+from kbverify.core.rules import Rules
+from kbverify.timing.timing_control import KINDS, side_key
 
 
 def unexplained_ms(rounds: list) -> dict:

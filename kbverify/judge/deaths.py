@@ -3,16 +3,16 @@ Pure: the runner runs the probes these rules ask about (a worker that starts her
 
 from __future__ import annotations
 
-from kbverify.errors import InfrastructureError
-from kbverify.evidence import Evidence, Origin
+from kbverify.core.errors import InfrastructureError
+from kbverify.core.evidence import Evidence, Origin
+from kbverify.core.protocols import Protocol
+from kbverify.core.status import Status
 from kbverify.judge.sets import expect_origin
 from kbverify.judge.timing import refusal
-from kbverify.protocols import Protocol
-from kbverify.status import Status
 
 
 def died_starting_up(outcome) -> bool:
-    """A child (a kbverify.sandbox.ChildOutcome) that died with no phase recorded and not for a timeout: ours
+    """A child (a kbverify.harness.sandbox.ChildOutcome) that died with no phase recorded and not for a timeout: ours
     unless a worker starts on this machine, which only a probe worker can tell (the runner's to run)."""
     return not outcome.build_dir_over and not outcome.last_phase and not outcome.timed_out
 
@@ -75,7 +75,7 @@ def timed_failure(claimed: Evidence, protocol: Protocol, *, forged: str, stopped
                   exit_code, reference: Evidence) -> tuple[Status, str] | None:
     """What ends an isolated protocol's timing before its rounds are judged (`decide_timing`), or None.
     `claimed`: the candidate's timing worker's record; `forged`, `stopped`: what the parent found of the replies
-    of the worker of `failed_side` (kbverify.timing_control); `reference`: the record of the worker that timed the
+    of the worker of `failed_side` (kbverify.timing.timing_control); `reference`: the record of the worker that timed the
     reference beside it, computed (it never ran submission code)."""
     record = claimed.plain()
     if forged and failed_side != "ref":

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kbverify.core.protocols import Protocol
+from kbverify.core.records import BuildRecord
+from kbverify.core.status import Status, Warn
 from kbverify.judge.build import build_record, code_path_warnings
-from kbverify.protocols import Protocol
-from kbverify.records import BuildRecord
-from kbverify.static import StaticScan
-from kbverify.status import Status, Warn
+from kbverify.judge.static import StaticScan
 
 
 @dataclass(frozen=True)

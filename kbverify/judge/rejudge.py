@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kbverify.protocols import Protocol
-from kbverify.records import SetResult, Verdict
-from kbverify.status import Status, Warn
+from kbverify.core.protocols import Protocol
+from kbverify.core.records import SetResult, Verdict
+from kbverify.core.status import Status, Warn
 from kbverify.judge.sets import SET_WARNINGS, decide_set, decide_sets
 from kbverify.judge.timing import decide_timing
 

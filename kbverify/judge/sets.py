@@ -7,16 +7,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kbverify import output_structure
-from kbverify.correctness import ExactEvidence, judge_set
-from kbverify.errors import InfrastructureError
-from kbverify.evidence import Evidence, Origin
-from kbverify.inputs import InputSet
+from kbverify.core import output_structure
+from kbverify.core.errors import InfrastructureError
+from kbverify.core.evidence import Evidence, Origin
+from kbverify.core.inputs import InputSet
+from kbverify.core.protocols import Protocol
+from kbverify.core.records import BuildRecord, SetResult
+from kbverify.core.status import Status, Warn, worst
 from kbverify.judge.build import code_path_warnings
-from kbverify.protocols import Protocol
-from kbverify.records import BuildRecord, SetResult
-from kbverify.static import StaticScan
-from kbverify.status import Status, Warn, worst
+from kbverify.judge.correctness import ExactEvidence, judge_set
+from kbverify.judge.static import StaticScan
 
 # Warnings derived from the input sets alone: a rejudge under other rules derives them again from the sets it keeps.
 SET_WARNINGS = (Warn.BASELINE_ALLOWANCE_USED.value, Warn.NO_VALID_INPUT_SETS.value, Warn.SHAPE_SPECIALIZED.value,
@@ -120,7 +120,7 @@ def decide_set(cand: dict | None, ref: dict, protocol: Protocol, candidate_recor
         # (its own code, a file it planted) was on the candidate's side, since the judge's needed nothing of it
         return Status.EXPLOIT_TAMPER, "the candidate ran this set but handed over no output for it"
     structure = output_structure.difference(ref.get("ref_structure"), cand.get("structure"))
-    if structure:  # the output's containers are part of its answer (kbverify.output_structure)
+    if structure:  # the output's containers are part of its answer (kbverify.core.output_structure)
         return Status.SHAPE_MISMATCH, "output structure: " + structure
     return _compared(cand, ref, protocol)
 
@@ -246,7 +246,7 @@ def decide_sets(sets: list[SetResult], protocol: Protocol, *, fp16_suspect: bool
 
 def with_kept_axes(decided: Decision, note: str) -> Decision:
     """The verdict says when the larger hidden shapes kept an axis that can grow at the task's size (`note`,
-    kbverify.input_plan.kept_axes_note): a warning, and the note in a passing verdict's message."""
+    kbverify.harness.input_plan.kept_axes_note): a warning, and the note in a passing verdict's message."""
     if not note:
         return decided
     message = decided.message if decided.status is not Status.PASSED else \

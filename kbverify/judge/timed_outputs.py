@@ -1,8 +1,8 @@
 """The rule on timed outputs (SPEC §4, stale outputs): what the check of the chosen timed calls says of a kernel.
 
 Pure, no torch. Each chosen call's copy was compared whole with the reference on its own inputs, in a process
-without submission code (kbverify.child.timing_check), and is judged here by the correctness sets' own rule
-(kbverify.correctness.judge_set) under the same protocol: a timed output within the protocol's limits is never
+without submission code (kbverify.worker.timing_check), and is judged here by the correctness sets' own rule
+(kbverify.judge.correctness.judge_set) under the same protocol: a timed output within the protocol's limits is never
 evidence of an exploit (corpus: conv_transpose_fused_clamp_at_the_boundary). A copy the candidate's process did not
 hand over is its failure; one the machine could not keep (out of memory, a failed write) makes the verdict
 `unverifiable`, never the kernel's fault, and `rescore` evaluates the unit again.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kbverify.correctness import ExactEvidence, judge_set
-from kbverify.status import Status, Warn
+from kbverify.core.status import Status, Warn
+from kbverify.judge.correctness import ExactEvidence, judge_set
 
-# The factors are the protocol's rules (kbverify.rules: stale_gross_factor, stale_marginal_fraction).
+# The factors are the protocol's rules (kbverify.core.rules: stale_gross_factor, stale_marginal_fraction).
 _NOT_COMMITTED = "the copy handed over is not the one whose digest came with the batch's times"
 _NAN_NOTE = ("a returned tensor that is kept and not recomputed reads NaN, which the harness writes into every "
              "floating output tensor after copying it")

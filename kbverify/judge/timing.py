@@ -1,5 +1,5 @@
 """The timing verdict, from the raw record alone (SPEC §5): speedup, CI and speed class, the timing mode and both
-clocks (kbverify.timing_modes), and the timing guards. Pure: `rejudge` reaches the same verdicts from a store.
+clocks (kbverify.timing.timing_modes), and the timing guards. Pure: `rejudge` reaches the same verdicts from a store.
 """
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kbverify import stats, timing_control, timing_modes
+from kbverify.core import stats
+from kbverify.core.protocols import Protocol
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status, Warn
 from kbverify.judge import confirmation
-from kbverify.protocols import Protocol
-from kbverify.records import Verdict
-from kbverify.status import Status, Warn
 from kbverify.judge.timed_outputs import judge_timed_outputs
+from kbverify.timing import timing_control, timing_modes
 
 _SLOWING_FLAGS = {"matmul": False, "cudnn": False, "cudnn_enabled": False, "cudnn_deterministic": True,
                   "float32_matmul_precision": "highest", "mkldnn_enabled": False}
@@ -80,7 +81,7 @@ def decide_timing(verdict: Verdict, protocol: Protocol) -> Verdict:
         speed_class=stats.classify_speed(estimate, margin), ref_time_ms=ref_ms, cand_time_ms=cand_ms)
 
 
-# A side's facts kept per side by a timing worker (kbverify.child.timing_record); each side's are read from the
+# A side's facts kept per side by a timing worker (kbverify.worker.timing_record); each side's are read from the
 # worker that served it, whatever the other wrote under that side's name.
 PER_SIDE = ("settle_gaps_ms", "threads_started", "host_ms", "uncovered_calls", "hold_probe", "phase_ms_per_call")
 # What a call must move, and the device's bandwidth: the floor under the candidate's time (`impossible_speed`),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kbverify.present import isolation_line
-from kbverify.records import Verdict
-from kbverify.status import Status
+from kbverify.core.present import isolation_line
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
 
 
 def _verdict(isolation: str, reason: str = "") -> Verdict:

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.nn as nn
 
-worker = sys.modules.get("kbverify.child.worker")
+worker = sys.modules.get("kbverify.worker.worker")
 if worker is not None and hasattr(worker, "send"):
     worker.send({"kind": "phase", "phase": ""})
     worker.send({"kind": "phase", "phase": "reference:load"})

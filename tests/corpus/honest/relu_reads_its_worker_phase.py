@@ -10,7 +10,7 @@ import torch.nn as nn
 
 class ModelNew(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        worker = sys.modules.get("kbverify.child.worker")
+        worker = sys.modules.get("kbverify.worker.worker")
         seen = (worker.last_phase() if worker is not None and hasattr(worker, "last_phase") else "", gc.isenabled())
         assert isinstance(seen[0], str)
         return torch.relu(x)

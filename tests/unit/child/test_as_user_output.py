@@ -1,5 +1,5 @@
 """The script run as a user calls it saves its output in a form `torch.load(weights_only=True)` reads (DRIVER's
-`plain`), and the worker rebuilds it (kbverify.child.as_user.rebuild) so that its structure and tensors read as the
+`plain`), and the worker rebuilds it (kbverify.worker.as_user.rebuild) so that its structure and tensors read as the
 harness's calls read the same value. Corpus: honest/max_values_indices_as_torch_returns_them."""
 
 import collections
@@ -8,9 +8,9 @@ import io
 import pytest
 import torch
 
-from kbverify import output_structure
-from kbverify.child import as_user
-from kbverify.correctness import flatten_outputs
+from kbverify.core import output_structure
+from kbverify.judge.correctness import flatten_outputs
+from kbverify.worker import as_user
 
 Pair = collections.namedtuple("Pair", "left right")
 Pair.__module__ = "task_abc"  # as the script's random task module names it

@@ -1,8 +1,8 @@
 """The set run as a user calls it is planned once per guarded protocol, last, drawing what a judged set draws
-(kbverify.inputs._as_user_set). Corpus: exploits/relu_honest_only_while_the_collector_is_off."""
+(kbverify.core.inputs._as_user_set). Corpus: exploits/relu_honest_only_while_the_collector_is_off."""
 
-from kbverify.inputs import AS_USER_TAG, plan_input_sets
-from kbverify.protocols import KBV, ORIGINAL, VERIFIED
+from kbverify.core.inputs import AS_USER_TAG, plan_input_sets
+from kbverify.core.protocols import KBV, ORIGINAL, VERIFIED
 
 SHAPES = [("original", {}), ("hidden:0", {"n": 3})]
 

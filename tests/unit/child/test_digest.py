@@ -1,4 +1,4 @@
-"""The digest that commits each timed copy on the parent's clock (kbverify.child.timing_sides.digest): equal for
+"""The digest that commits each timed copy on the parent's clock (kbverify.worker.timing_sides.digest): equal for
 equal bits, different for a one-ulp change anywhere, and not the sum of per-element terms that a few elements'
 low bits could be nudged to match (corpus: matmul_forges_the_digest_after_the_choice)."""
 
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbverify.child.timing_sides import digest, lane_digest
+from kbverify.worker.timing_sides import digest, lane_digest
 
 
 def _nudged(x: torch.Tensor, index: int) -> torch.Tensor:

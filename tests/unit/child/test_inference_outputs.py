@@ -4,8 +4,8 @@ output guards. Corpus: honest/relu_under_inference_mode."""
 
 import torch
 
-from kbverify.child import guards, output_handover
-from kbverify.child.timing_sides import _write, changed_since, output_signature, poison, snapshot
+from kbverify.worker import guards, output_handover
+from kbverify.worker.timing_sides import _write, changed_since, output_signature, poison, snapshot
 
 
 def _inference_output() -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Re-randomised weights (`kbverify.child.evaluate.rerandomized_state`): parameters and affine buffers take both
+"""Re-randomised weights (`kbverify.worker.evaluate.rerandomized_state`): parameters and affine buffers take both
 signs, statistics buffers keep their domain, and a module defined only for positive weights makes its set
 invalid, with the reference's failure as the evidence. Corpus: exploits/groupnorm_pool_before_signed_affine."""
 
@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings, strategies as st
 
-from kbverify.child.evaluate import build_reference, judge_call, rerandomized_state
+from kbverify.worker.evaluate import build_reference, judge_call, rerandomized_state
 
 
 class _Affine(nn.Module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kbverify import sandbox
+from kbverify.harness import sandbox
 
 
 def test_two_threads_start_the_worker_server_once(monkeypatch):
@@ -33,7 +33,7 @@ def test_two_threads_start_the_worker_server_once(monkeypatch):
 def test_the_worker_copies_as_many_calls_as_the_parent_sends_a_batch():
     """The worker's copy buffers (one set per place in a batch) must cover every call of a batch, or a batch's
     later call would overwrite an earlier one's copy before it is handed over."""
-    from kbverify.child.timing_sides import CALLS_PER_BATCH
-    from kbverify.timing_control import CALLS_PER_SIDE
+    from kbverify.timing.timing_control import CALLS_PER_SIDE
+    from kbverify.worker.timing_sides import CALLS_PER_BATCH
 
     assert CALLS_PER_BATCH == CALLS_PER_SIDE

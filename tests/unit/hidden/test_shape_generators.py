@@ -1,4 +1,4 @@
-"""Properties of the hidden-shape rule (kbverify.hidden, kbverify.hidden_larger) on generated tasks and on the
+"""Properties of the hidden-shape rule (kbverify.shapes.hidden, kbverify.shapes.hidden_larger) on generated tasks and on the
 committed manifests of tasks/: every shape runs the task's own Model; every axis that can grow has a shape larger
 than the task's, or is named as kept with its reason; every shape constant that is a power of two meets a value
 that is not. Corpus: exploits/row_sum_reads_only_the_first_64_rows, honest/row_sum_in_blocks_of_64_rows."""
@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from kbverify.hidden import _shape_constants, generate_hidden_shapes, rewrite_constants
-from kbverify.meta_probe import validate
-from kbverify.tasks import Task, execute_task, load_task_dir, parse_task
+from kbverify.core.tasks import Task, execute_task, load_task_dir, parse_task
+from kbverify.shapes.hidden import _shape_constants, generate_hidden_shapes, rewrite_constants
+from kbverify.shapes.meta_probe import validate
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATES = {
@@ -74,7 +74,7 @@ def test_the_committed_manifests_of_tasks_grow_every_axis_they_move_or_name_it_k
         path = ROOT / "hidden_tests" / "tasks" / Path(task.path).resolve().relative_to(ROOT / "tasks")
         data = json.loads(path.with_suffix(".json").read_text())
         assert data["sha256"] == task.sha256 and data["rule"].startswith("kbverify-hidden/2"), task.name
-        from kbverify.hidden import HiddenShape
+        from kbverify.shapes.hidden import HiddenShape
 
         shapes = [HiddenShape.from_json(s) for s in data["shapes"]]
         moved = {name for s in shapes for name in s.overrides}

@@ -1,15 +1,16 @@
-"""Evidence carries its origin and is never edited after it was made (kbverify.evidence); the judge takes each
+"""Evidence carries its origin and is never edited after it was made (kbverify.core.evidence); the judge takes each
 rule's evidence only from the origin the rule rests on."""
 
 import pytest
 
-from kbverify import evidence, judge
-from kbverify.errors import InfrastructureError
-from kbverify.evidence import Origin
-from kbverify.protocols import KBV, VERIFIED
-from kbverify.records import BuildRecord
-from kbverify.static import scan
-from kbverify.status import Status
+from kbverify import judge
+from kbverify.core import evidence
+from kbverify.core.errors import InfrastructureError
+from kbverify.core.evidence import Origin
+from kbverify.core.protocols import KBV, VERIFIED
+from kbverify.core.records import BuildRecord
+from kbverify.core.status import Status
+from kbverify.judge.static import scan
 
 BUILD = BuildRecord(native_sources=False, extension_built=None, extension_called=None)
 STATIC = scan("class ModelNew: pass")

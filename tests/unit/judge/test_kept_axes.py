@@ -1,8 +1,8 @@
-"""A verdict says when the larger hidden shapes kept an axis at the task's size (kbverify.hidden_larger): a
+"""A verdict says when the larger hidden shapes kept an axis at the task's size (kbverify.shapes.hidden_larger): a
 warning, and the axes with why in a passing verdict's message; a failing verdict keeps its own message."""
 
+from kbverify.core.status import Status, Warn
 from kbverify.judge import Decision, with_kept_axes
-from kbverify.status import Status, Warn
 
 NOTE = "larger hidden shapes keep dim at the task's size (memory: needs 9 bytes at its peak, more than 8)"
 

@@ -5,9 +5,9 @@ what memory held; a difference beyond the limits, or NaN where the first run had
 from __future__ import annotations
 
 import timed_evidence
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status
 from kbverify.judge import decide_set
-from kbverify.protocols import VERIFIED
-from kbverify.status import Status
 
 OUTPUTS = {"lazy": False, "no_storage": False, "aliases": [], "views": []}
 

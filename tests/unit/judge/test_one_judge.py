@@ -10,7 +10,7 @@ import kbverify
 PACKAGE = Path(kbverify.__file__).parent
 # The judge (kbverify/judge/): pure decisions from evidence and a protocol. status.py defines the enum.
 JUDGE_PACKAGE = "judge/"
-ENUM = "status.py"
+ENUM = "core/status.py"
 
 
 def _choices_outside_the_judge() -> list[str]:
@@ -55,7 +55,7 @@ def test_the_scan_finds_a_status_chosen_outside_the_judge(tmp_path, monkeypatch)
     """The scan itself can fail: a module that returns a status is found."""
     module = tmp_path / "kbverify"
     module.mkdir()
-    (module / "chooser.py").write_text("from kbverify.status import Status\n\n"
+    (module / "chooser.py").write_text("from kbverify.core.status import Status\n\n"
                                        "def f(x):\n    if x == Status.PASSED:\n        return 1\n"
                                        "    return Status.UNVERIFIABLE, 'no'\n")
     monkeypatch.setattr(kbverify, "__file__", str(module / "__init__.py"))

@@ -1,13 +1,13 @@
-"""The output's structure is part of its answer (kbverify.output_structure): containers, lengths, keys and leaf
+"""The output's structure is part of its answer (kbverify.core.output_structure): containers, lengths, keys and leaf
 kinds must be the reference's, and a difference is `shape_mismatch` naming what differs. Corpus:
 exploits/relu_returns_a_list_that_answers_like_a_tensor, honest/relu_row_blocks_concatenated."""
 
 import torch
 
+from kbverify.core.output_structure import describe, difference
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status
 from kbverify.judge import decide_set
-from kbverify.output_structure import describe, difference
-from kbverify.protocols import VERIFIED
-from kbverify.status import Status
 
 Y = torch.ones(3)
 

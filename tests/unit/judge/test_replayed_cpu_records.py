@@ -25,18 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from kbverify import evidence
-from kbverify.inputs import InputSet
+from kbverify.core import evidence
+from kbverify.core.inputs import InputSet
 from kbverify.judge import (build_record, death, decide_isolated, decide_kernelbench, judge_infrastructure,
                             merge_set_records, with_kept_axes)
+from kbverify.core.protocols import parse_protocols, protocol_from_dict
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status, Warn
+from kbverify.harness.sandbox import ChildOutcome
 from kbverify.judge.rejudge import rejudge_verdict
+from kbverify.judge.static import StaticScan
 from kbverify.judge.timing import decide_timing
-from kbverify.protocols import parse_protocols, protocol_from_dict
-from kbverify.records import Verdict
-from kbverify.sandbox import ChildOutcome
-from kbverify.static import StaticScan
-from kbverify.status import Status, Warn
-from kbverify.store import Store
+from kbverify.results.store import Store
 
 import gpu_stores
 
@@ -52,7 +52,7 @@ def _static(data: dict) -> StaticScan:
 
 
 def _isolated(found: dict, protocol) -> tuple[Status, tuple]:
-    """The isolated protocols' correctness, as the runner reaches it (kbverify.runner._correctness_isolated)."""
+    """The isolated protocols' correctness, as the runner reaches it (kbverify.harness.runner._correctness_isolated)."""
     claimed = evidence.from_child(found["candidate"]["record"], ran_submission=found["candidate"]["ran_submission"],
                                   source="the candidate's worker", schema=evidence.CANDIDATE_SCHEMA)
     computed = evidence.from_child(found["judge"]["record"], ran_submission=found["judge"]["ran_submission"],
@@ -131,7 +131,7 @@ def _slow_candidate_host(timing: dict) -> None:
 
 
 def _no_sleep_in_this_torch(timing: dict) -> None:
-    """What the timing worker writes where torch.cuda._sleep is missing (kbverify.child.timing._device_hold)."""
+    """What the timing worker writes where torch.cuda._sleep is missing (kbverify.worker.timing._device_hold)."""
     timing["interleaved"]["warnings"] = [*(timing["interleaved"].get("warnings") or []), Warn.NO_DEVICE_HOLD.value]
 
 
@@ -172,14 +172,14 @@ def test_a_stored_gpu_timing_record_changed_in_one_field_earns_its_warning(warni
 # Warnings the judge never emits, with the module that does (or none) and why they are not the judge's. Each is
 # checked below: the judge's package does not name it, and the module named does.
 NOT_THE_JUDGES = {
-    Warn.FOREIGN_GPU_PROCESS: ("kbverify/gpu_processes.py", "the parent's own nvidia-smi look at the device before "
+    Warn.FOREIGN_GPU_PROCESS: ("kbverify/harness/gpu_processes.py", "the parent's own nvidia-smi look at the device before "
                                "and after timing (runner._with_gpu_checks); no stored GPU look found one"),
-    Warn.GPU_PROCESSES_UNCHECKED: ("kbverify/gpu_processes.py", "the same look, where nvidia-smi could not answer; "
+    Warn.GPU_PROCESSES_UNCHECKED: ("kbverify/harness/gpu_processes.py", "the same look, where nvidia-smi could not answer; "
                                    "every stored GPU look was answered"),
-    Warn.MODIFIED_REFERENCE: ("kbverify/rescore.py", "an imported leaderboard entry's ref_code differs from every "
-                              "KernelBench version (kbverify.importers): a fact of the entry, known before any run"),
-    Warn.BELOW_FLOPS_FLOOR: (None, "declared in kbverify.status since the first commit; nothing emits it"),
-    Warn.STATIC_SUSPICIOUS: (None, "declared in kbverify.status since the first commit; nothing emits it (the "
+    Warn.MODIFIED_REFERENCE: ("kbverify/rescore/rescore.py", "an imported leaderboard entry's ref_code differs from every "
+                              "KernelBench version (kbverify.rescore.importers): a fact of the entry, known before any run"),
+    Warn.BELOW_FLOPS_FLOOR: (None, "declared in kbverify.core.status since the first commit; nothing emits it"),
+    Warn.STATIC_SUSPICIOUS: (None, "declared in kbverify.core.status since the first commit; nothing emits it (the "
                              "judge reads the static scan's half precision as fp16_path)"),
 }
 

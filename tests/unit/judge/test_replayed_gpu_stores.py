@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kbverify.protocols import parse_protocols
+from kbverify.core.protocols import parse_protocols
 from kbverify.judge.rejudge import rejudge_verdict
-from kbverify.store import Store
+from kbverify.results.store import Store
 
 import gpu_stores
 

@@ -1,4 +1,4 @@
-"""The judge's thresholds are one frozen record per protocol (kbverify.rules): overridable from a protocol file,
+"""The judge's thresholds are one frozen record per protocol (kbverify.core.rules): overridable from a protocol file,
 part of the protocol's identity when changed, and read by the judge from the protocol it is given."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from kbverify import judge
-from kbverify.errors import InputError
-from kbverify.protocols import ORIGINAL, VERIFIED, get_protocol, protocol_from_dict
-from kbverify.rules import DEFAULT_RULES
+from kbverify.core.errors import InputError
+from kbverify.core.protocols import ORIGINAL, VERIFIED, get_protocol, protocol_from_dict
+from kbverify.core.rules import DEFAULT_RULES
 from kbverify.judge.timed_outputs import judge_timed_outputs
 
 # The presets' hashes from before the rules record: stored verdicts name their protocol by it.

@@ -1,4 +1,4 @@
-"""The reference timed in a worker of its own (kbverify.timing_control.run): each side's facts come from the worker
+"""The reference timed in a worker of its own (kbverify.timing.timing_control.run): each side's facts come from the worker
 that served it, and a failure of the reference's worker is never the kernel's. Pins the judge's side of corpus
 case exploits/matmul_makes_its_product_in_the_harness_copy_step (its end-to-end side is in tests/test_corpus.py).
 """
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from kbverify import evidence
-from kbverify.errors import InfrastructureError
+from kbverify.core import evidence
+from kbverify.core.errors import InfrastructureError
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status
 from kbverify.judge import sides_view, timed_failure
 from kbverify.judge.timing import timing_view
-from kbverify.protocols import VERIFIED
-from kbverify.status import Status
 
 CANDIDATE = {"sides": ["cand"], "host_ms": {"cand": {"p50": 0.1}, "ref": {"p50": 9.0}},
              "settle_gaps_ms": {"cand": [0.01], "ref": [5.0]}, "threads_started": {"cand": 0},

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import timed_evidence
-from kbverify.correctness import judge_set, summarize
-from kbverify import evidence
+from kbverify.core import evidence
+from kbverify.core.protocols import VERIFIED
+from kbverify.core.status import Status, Warn
 from kbverify.judge import judge_infrastructure
-from kbverify.protocols import VERIFIED
-from kbverify.status import Status, Warn
+from kbverify.judge.correctness import judge_set, summarize
 from kbverify.judge.timed_outputs import judge_timed_outputs
 
 

@@ -12,12 +12,12 @@ import pytest
 
 from kbverify.audit.admission import MemoryLedger
 from kbverify.audit.footprint import PEAK_MARGIN, Footprint
-from kbverify.device_share import CORRECTNESS, TIMING, DeviceLease, Sharing, phase
-from kbverify.records import Verdict
-from kbverify.rescore_memory import (FOOTPRINT_FACTOR, PAIR_FACTOR, Admission, recorded_reference_peaks,
+from kbverify.core.records import Verdict
+from kbverify.harness.device_share import CORRECTNESS, TIMING, DeviceLease, Sharing, phase
+from kbverify.rescore.rescore_memory import (FOOTPRINT_FACTOR, PAIR_FACTOR, Admission, recorded_reference_peaks,
                                      unit_need_bytes)
-from kbverify.status import Status
-from kbverify.store import Store
+from kbverify.core.status import Status
+from kbverify.results.store import Store
 
 import gpu_stores
 

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from kbverify import rescore
-from kbverify.device_share import DeviceLease, Sharing
-from kbverify.errors import InfrastructureError
-from kbverify.records import Verdict
-from kbverify.runner import CheckOptions
-from kbverify.status import Status
+from kbverify.core.errors import InfrastructureError
+from kbverify.core.records import Verdict
+from kbverify.core.status import Status
+from kbverify.harness.device_share import DeviceLease, Sharing
+from kbverify.harness.runner import CheckOptions
+from kbverify.rescore import rescore
 
 
 def _verdict(status: Status, message: str = "") -> Verdict:
