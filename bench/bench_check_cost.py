@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_LOGGED_CHILD = re.compile(r"kbverify\.runner: " + _CHILD_LINE.pattern)
+_LOGGED_CHILD = re.compile(r"kbverify\.harness\.runner: " + _CHILD_LINE.pattern)
 
 
 def from_rescore(store_path: Path, logs: list[Path], protocol: str) -> int:

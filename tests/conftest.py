@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 import time
@@ -65,7 +66,10 @@ def _leftovers() -> list[str]:
         fields = stat.rpartition(")")[2].split()
         if fields[0] == "Z":
             continue
-        parents[pid], names[pid] = int(fields[1]), stat[stat.find("(") + 1:stat.rfind(")")]
+        parents[pid] = int(fields[1])
+        # enough to tell whose it is: its state (T: stopped), its parent, and what it runs
+        shown = command.replace(b"\0", b" ")[:160].decode(errors="replace")
+        names[pid] = f"{stat[stat.find('(') + 1:stat.rfind(')')]} state={fields[0]} ppid={fields[1]} {shown}"
         if _MARK.encode() in environ.split(b"\0"):
             marked.add(pid)
         if parents[pid] == os.getpid() and any(helper in command for helper in _OWN_HELPERS):
@@ -85,6 +89,7 @@ def no_process_left_behind():
     """A test's processes end with it: one left running (a worker, a cluster's daemon) would take CPU from the
     serial part, whose verdicts rest on measured time (.ci/run). Checked once per session (per xdist worker)."""
     yield
+    gc.collect()  # what a test left only to the collector (an exec'd submission's helper, say) goes now
     deadline = time.monotonic() + 10
     while (left := _leftovers()) and time.monotonic() < deadline:
         time.sleep(0.5)
