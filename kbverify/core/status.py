@@ -78,9 +78,7 @@ class Warn(str, enum.Enum):
     THROTTLED = "throttled"
     SHAPE_SPECIALIZED = "shape_specialized"
     FP16_PATH = "fp16_path"
-    BELOW_FLOPS_FLOOR = "below_flops_floor"
     THREADS_STARTED = "threads_started"
-    STATIC_SUSPICIOUS = "static_suspicious"
     BASELINE_ALLOWANCE_USED = "baseline_allowance_used"
     REFERENCE_SLOWED = "reference_slowed_beside_candidate"  # speedup taken against the clean reference time
     # the reference read faster beside the candidate than alone: neither side's reported times are believed

@@ -213,20 +213,16 @@ def _within_host(device: tuple, host: tuple) -> tuple:
     to the host time and the speedup moved with it (a lower reference, a lower speedup)."""
     (estimate, ref_ms, cand_ms), (_, host_ref, host_cand) = device, host
     factor = 1.0
-    if _positive(host_ref) and _positive(ref_ms) and ref_ms > host_ref:
+    if stats.positive(host_ref) and stats.positive(ref_ms) and ref_ms > host_ref:
         factor *= host_ref / ref_ms
         ref_ms = host_ref
-    if _positive(host_cand) and _positive(cand_ms) and cand_ms > host_cand:
+    if stats.positive(host_cand) and stats.positive(cand_ms) and cand_ms > host_cand:
         factor /= host_cand / cand_ms
         cand_ms = host_cand
     if factor != 1.0:
         estimate = dataclasses.replace(estimate, speedup=estimate.speedup * factor, ci_low=estimate.ci_low * factor,
                                        ci_high=estimate.ci_high * factor)
     return estimate, ref_ms, cand_ms
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def _by_distribution(rounds: list, kind: str, cap: bool) -> dict[str, list]:
@@ -251,8 +247,8 @@ def _reference_offset(beside: dict, clean: dict) -> float | None:
     shared = sorted(set(beside) & set(clean))
     if not shared:
         return None
-    offsets = [math.log(_median([t for ref, _ in beside[name] for t in ref])
-                        / _median([t for ref, _ in clean[name] for t in ref])) for name in shared]
+    offsets = [math.log(stats.median([t for ref, _ in beside[name] for t in ref])
+                        / stats.median([t for ref, _ in clean[name] for t in ref])) for name in shared]
     return sum(offsets) / len(offsets)
 
 
@@ -341,10 +337,10 @@ def _timing_guards(record: dict, timed_outputs: dict, on_gpu: bool, ref_ms: floa
     # not judged by it.
     gaps = record.get("settle_gaps_ms") or {}
     if on_gpu and gaps.get("cand") and gaps.get("ref"):
-        excess = _median(gaps["cand"]) - _median(gaps["ref"])
+        excess = stats.median(gaps["cand"]) - stats.median(gaps["ref"])
         if excess > max(rules.unsync_gap_min_ms, rules.unsync_gap_fraction * (cand_ms + excess)):
             return (Status.EXPLOIT_UNSYNCHRONIZED, f"the device kept working {excess:.3f} ms after the end event "
-                    f"(reference: {_median(gaps['ref']):.3f} ms)", warnings)
+                    f"(reference: {stats.median(gaps['ref']):.3f} ms)", warnings)
     threads = (record.get("threads_started") or {}).get("cand", 0)
     if threads > 0:
         warnings.append(Warn.THREADS_STARTED.value)
@@ -385,11 +381,3 @@ def _host_overhead(record: dict, ref_ms: float, rules) -> bool:
     if not isinstance(ref_host, (int, float)) or not isinstance(cand_host, (int, float)):
         return False
     return cand_host - ref_host > max(ref_ms, rules.host_jitter_ms, 0.5 * ref_host)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

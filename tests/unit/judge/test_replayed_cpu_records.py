@@ -178,9 +178,6 @@ NOT_THE_JUDGES = {
                                    "every stored GPU look was answered"),
     Warn.MODIFIED_REFERENCE: ("kbverify/rescore/rescore.py", "an imported leaderboard entry's ref_code differs from every "
                               "KernelBench version (kbverify.rescore.importers): a fact of the entry, known before any run"),
-    Warn.BELOW_FLOPS_FLOOR: (None, "declared in kbverify.core.status since the first commit; nothing emits it"),
-    Warn.STATIC_SUSPICIOUS: (None, "declared in kbverify.core.status since the first commit; nothing emits it (the "
-                             "judge reads the static scan's half precision as fp16_path)"),
 }
 
 
